@@ -1,0 +1,52 @@
+# Quick start: `make demo` and `make test` on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+BUILD  := build/py
+STAMP  := $(VENV)/.torchtpu-setup
+JOBS   ?= $(shell nproc)
+export TORCHTPU_JOBS := $(JOBS)
+
+.PHONY: setup build test test-cpp test-py demo bench lint format clean
+
+setup: $(STAMP)
+
+# System tools (ninja, ccache, GoogleTest) from Debian when missing, then the
+# venv with the pinned torch CPU wheel and the XLA:CPU PJRT plugin.
+$(STAMP): pyproject.toml setup.py CMakeLists.txt
+	@if ! command -v ninja >/dev/null || ! command -v ccache >/dev/null || ! dpkg -s libgtest-dev >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq ninja-build ccache libgtest-dev cmake >/dev/null; \
+	  else echo "need ninja-build ccache libgtest-dev cmake (apt-get install)"; fi; fi
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 pybind11 numpy pytest ninja ruff
+	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
+	touch $(STAMP)
+
+build: setup
+	cmake --build $(BUILD) -j $(JOBS)
+
+test-cpp: build
+	$(BUILD)/torchtpu_cpp_tests --gtest_brief=1
+
+test-py: build
+	$(VPY) -m pytest -q tests/python
+
+test: test-cpp test-py
+
+demo: build
+	$(VPY) examples/train_gpt.py
+
+bench: build
+	$(VPY) bench/run.py
+
+lint:
+	$(VENV)/bin/ruff check python tests bench examples
+	clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+
+format:
+	$(VENV)/bin/ruff format python tests bench examples
+	clang-format -i csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+
+clean:
+	rm -rf build python/torchtpu/_C*.so

@@ -1,0 +1,229 @@
+// Copies between host and device and between device views, and storage
+// resizing: small internal programs with their own cache.
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/executor.h"
+#include "lower/types.h"
+#include "lower/view.h"
+
+namespace torchtpu::aten {
+
+using hlo::Builder;
+using hlo::Shape;
+using hlo::Type;
+using hlo::Value;
+using lower::to_dtype;
+
+namespace {
+
+std::vector<pjrt::BufferPtr> run_internal(const std::string& key,
+                                          const std::function<void(Builder&)>& build,
+                                          const std::vector<pjrt::BufferPtr>& inputs, int device) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, pjrt::ExecutablePtr> programs;
+  pjrt::ExecutablePtr exe;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = programs.find(key);
+    if (it != programs.end()) exe = it->second;
+  }
+  if (!exe) {
+    Builder b;
+    build(b);
+    exe = client().compile(b.module());
+    metrics().compiles++;
+    std::lock_guard<std::mutex> lock(mu);
+    programs.emplace(key, exe);
+  } else {
+    metrics().cache_hits++;
+  }
+  std::vector<pjrt::Buffer*> raw;
+  for (auto& i : inputs) raw.push_back(i.get());
+  auto outs = exe->execute(raw, device);
+  metrics().executions++;
+  if (mode() == Mode::Debug) {
+    for (auto& o : outs) o->await_ready();
+  } else if (!outs.empty()) {
+    track_inflight(outs.back());
+  }
+  return outs;
+}
+
+std::string geom_key(const at::Tensor& t) {
+  std::string k;
+  auto put = [&](int64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(static_cast<int64_t>(t.scalar_type()));
+  put(t.dim());
+  for (int64_t s : t.sizes()) put(s);
+  for (int64_t s : t.strides()) put(s);
+  put(t.storage_offset());
+  return k;
+}
+
+lower::ViewGeom geom(const at::Tensor& t) {
+  return {t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+}
+
+// The storage's buffer, created as zeros (of the tensor's dtype) when unwritten.
+DeviceStorage& ready_storage(const at::Tensor& t) {
+  auto& st = device_storage(t.storage());
+  if (!st.buffer) {
+    DType d = to_dtype(t.scalar_type());
+    st.buffer = zeros_buffer(d, static_cast<int64_t>(st.nbytes / itemsize(d)), st.device);
+    st.dtype = d;
+  }
+  return st;
+}
+
+Value load_flat(Builder& b, const DeviceStorage& st, DType want) {
+  Value flat = b.param(Type{st.dtype, {static_cast<int64_t>(st.buffer->numel())}});
+  if (st.dtype == want) return flat;
+  TORCH_CHECK(itemsize(st.dtype) == itemsize(want), "[tpu] viewing a ", mlir_name(st.dtype),
+              " storage as ", mlir_name(want), " (another element size) is not supported");
+  return b.bitcast_convert(flat, want);
+}
+
+bool whole_storage(const at::Tensor& t, const DeviceStorage& st) {
+  lower::ViewGeom g = geom(t);
+  return g.contiguous() && g.offset == 0 &&
+         static_cast<size_t>(g.numel()) * t.element_size() == st.nbytes;
+}
+
+// Writes `value_buf` (dense, dst's sizes; maybe another dtype) through dst's view.
+void write_dense(const at::Tensor& dst, const pjrt::BufferPtr& value_buf) {
+  auto& st = device_storage(dst.storage());
+  DType d = to_dtype(dst.scalar_type());
+  if (whole_storage(dst, st) && value_buf->dtype() == d) {
+    st.buffer = value_buf;
+    st.dtype = d;
+    return;
+  }
+  ready_storage(dst);
+  std::string key = "write" + geom_key(dst);
+  key.push_back(static_cast<char>(value_buf->dtype()));
+  key.push_back(static_cast<char>(st.dtype));
+  key.append(std::to_string(st.buffer->numel()));
+  DType sd = st.dtype;
+  int64_t n = st.buffer->numel();
+  auto outs = run_internal(
+      key,
+      [&](Builder& b) {
+        Value v = b.param(Type{value_buf->dtype(), {dst.numel()}});
+        Value flat = b.param(Type{sd, {n}});
+        Value view = b.convert(b.reshape(v, dst.sizes().vec()), d);
+        if (sd != d) view = b.bitcast_convert(view, sd);
+        b.ret({lower::write_view(b, flat, geom(dst), view)});
+      },
+      {value_buf, st.buffer}, st.device);
+  st.buffer = outs[0];
+}
+
+}  // namespace
+
+pjrt::BufferPtr dense_buffer(const at::Tensor& t) {
+  auto& st = ready_storage(t);
+  DType d = to_dtype(t.scalar_type());
+  if (whole_storage(t, st) && st.dtype == d) return st.buffer;
+  std::string key = "read" + geom_key(t);
+  key.push_back(static_cast<char>(st.dtype));
+  key.append(std::to_string(st.buffer->numel()));
+  auto outs = run_internal(
+      key,
+      [&](Builder& b) {
+        Value flat = load_flat(b, st, d);
+        b.ret({b.reshape(lower::read_view(b, flat, geom(t)), {t.numel()})});
+      },
+      {st.buffer}, st.device);
+  return outs[0];
+}
+
+void device_copy(const at::Tensor& src, const at::Tensor& dst) {
+  if (dst.numel() == 0) return;
+  auto& ss = device_storage(src.storage());
+  auto& ds = device_storage(dst.storage());
+  if (ss.device != ds.device) {
+    // Across devices: through the host (one client, no peer copies needed here).
+    at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
+    auto buf = dense_buffer(src);
+    buf->to_host(host.data_ptr(), host.nbytes());
+    metrics().bytes_to_host += static_cast<int64_t>(host.nbytes());
+    host_to_device(host.expand(dst.sizes()).to(dst.scalar_type()).contiguous(), dst);
+    return;
+  }
+  // Read src densely, then broadcast/convert/write into dst in one program.
+  pjrt::BufferPtr sbuf = dense_buffer(src);
+  DType d = to_dtype(dst.scalar_type());
+  if (src.sizes() == dst.sizes()) {
+    if (sbuf->dtype() == d) return write_dense(dst, sbuf);
+  }
+  std::string key = "bcast" + geom_key(src) + geom_key(dst);
+  auto outs = run_internal(
+      key,
+      [&](Builder& b) {
+        Value v = b.param(Type{sbuf->dtype(), {src.numel()}});
+        v = b.reshape(v, src.sizes().vec());
+        Shape target = dst.sizes().vec();
+        // Right-aligned broadcast of src to dst's sizes.
+        std::vector<int64_t> dims;
+        Shape kept;
+        for (int64_t i = 0; i < src.dim(); ++i) {
+          int64_t td = dst.dim() - src.dim() + i;
+          if (src.size(i) == target[td]) {
+            dims.push_back(td);
+            kept.push_back(src.size(i));
+          }
+        }
+        v = b.broadcast_in_dim(b.reshape(v, kept), target, dims);
+        b.ret({b.reshape(b.convert(v, d), {dst.numel()})});
+      },
+      {sbuf}, ss.device);
+  write_dense(dst, outs[0]);
+}
+
+void host_to_device(const at::Tensor& src, const at::Tensor& dst) {
+  TORCH_INTERNAL_ASSERT(src.is_contiguous() && src.sizes() == dst.sizes());
+  auto& st = device_storage(dst.storage());
+  int64_t dims[1] = {src.numel()};
+  auto buf = client().buffer_from_host(src.data_ptr(), to_dtype(src.scalar_type()), dims, st.device);
+  metrics().bytes_to_device += static_cast<int64_t>(src.nbytes());
+  write_dense(dst, buf);
+}
+
+void resize_storage(const c10::Storage& storage, size_t nbytes) {
+  auto& st = device_storage(storage);
+  if (nbytes == st.nbytes) return;
+  if (st.buffer) {
+    size_t is = itemsize(st.dtype);
+    TORCH_CHECK(nbytes % is == 0, "[tpu] cannot resize a ", mlir_name(st.dtype), " storage to ",
+                nbytes, " bytes");
+    int64_t n_old = st.buffer->numel(), n_new = static_cast<int64_t>(nbytes / is);
+    if (n_new == 0) {
+      st.buffer.reset();
+    } else {
+      std::string key = "resize" + std::to_string(n_old) + "_" + std::to_string(n_new);
+      key.push_back(static_cast<char>(st.dtype));
+      DType d = st.dtype;
+      auto outs = run_internal(
+          key,
+          [&](Builder& b) {
+            Value flat = b.param(Type{d, {n_old}});
+            Value out = n_new > n_old
+                            ? b.pad(flat, b.constant(0, d), {0}, {n_new - n_old}, {0})
+                            : b.slice(flat, {0}, {n_new}, {1});
+            b.ret({out});
+          },
+          {st.buffer}, st.device);
+      st.buffer = outs[0];
+    }
+  }
+  metrics().bytes_in_use += static_cast<int64_t>(nbytes) - static_cast<int64_t>(st.nbytes);
+  st.nbytes = nbytes;
+  storage.unsafeGetStorageImpl()->set_nbytes(nbytes);
+}
+
+}  // namespace torchtpu::aten

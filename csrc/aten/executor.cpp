@@ -1,0 +1,592 @@
+#include "aten/executor.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/Exception.h>
+
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/isfinite.h>
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/generator.h"
+#include "lower/helpers.h"
+#include "lower/types.h"
+#include "lower/view.h"
+
+namespace torchtpu::aten {
+
+using hlo::Builder;
+using hlo::Type;
+using hlo::Value;
+using lower::to_dtype;
+
+namespace {
+
+// Where each program input comes from at run time.
+struct InputSource {
+  enum Kind : uint8_t { Storage, Scalar, Host, Rng } kind;
+  int index;  // storage slot or argument index
+  int sub;    // element of a Tensor[] argument, -1 otherwise
+  DType dtype;
+  int64_t n;  // storage elements (Storage)
+};
+
+struct OutSpec {
+  bool write;  // true: new value of storage `slot`; false: a fresh tensor
+  int slot;
+  DType dtype;
+  std::vector<int64_t> sizes;
+};
+
+struct Entry {
+  pjrt::ExecutablePtr exe;
+  std::vector<InputSource> inputs;
+  std::vector<OutSpec> outs;     // fresh outputs first, then storage writes
+  std::vector<int> ret_lists;    // per return: -1 single tensor, n = Tensor[] of n
+  int64_t rng_numel = -1;
+};
+
+// Distinct storages of a call, numbered in order of first use.
+struct Slots {
+  std::vector<DeviceStorage*> storages;
+  int slot(DeviceStorage* s) {
+    for (size_t i = 0; i < storages.size(); ++i)
+      if (storages[i] == s) return static_cast<int>(i);
+    storages.push_back(s);
+    return static_cast<int>(storages.size()) - 1;
+  }
+};
+
+template <typename T>
+void put(std::string& k, const T& v) {
+  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+void key_tensor(std::string& k, const at::Tensor& t, Slots& slots) {
+  if (!t.defined()) {
+    k.push_back('u');
+    return;
+  }
+  put(k, static_cast<int8_t>(t.scalar_type()));
+  put(k, static_cast<int8_t>(t.dim()));
+  for (int64_t s : t.sizes()) put(k, s);
+  if (!t.device().is_privateuseone()) {
+    k.push_back('H');  // host tensor (a 0-dim CPU scalar tensor), uploaded per call
+    return;
+  }
+  k.push_back('T');
+  for (int64_t s : t.strides()) put(k, s);
+  put(k, t.storage_offset());
+  auto& st = device_storage(t.storage());
+  put(k, static_cast<int16_t>(slots.slot(&st)));
+  put(k, static_cast<uint64_t>(st.nbytes));
+  put(k, st.buffer ? static_cast<int8_t>(st.dtype) : int8_t(-1));
+}
+
+void key_ivalue(std::string& k, const c10::IValue& v, bool scalar, Slots& slots) {
+  if (v.isNone()) {
+    k.push_back('n');
+  } else if (v.isTensor()) {
+    key_tensor(k, v.toTensor(), slots);
+  } else if (v.isTensorList()) {
+    k.push_back('L');
+    auto l = v.toTensorList();
+    put(k, static_cast<int32_t>(l.size()));
+    for (const at::Tensor& t : l) key_tensor(k, t, slots);
+  } else if (v.isList()) {
+    k.push_back('G');
+    auto l = v.toList();
+    put(k, static_cast<int32_t>(l.size()));
+    for (const c10::IValue& e : l) key_ivalue(k, e, scalar, slots);
+  } else if (scalar) {
+    // Runtime input: only its kind shapes the program (type promotion).
+    k.push_back(v.isDouble() ? 'f' : v.isBool() ? 'b' : 'i');
+  } else if (v.isInt()) {
+    put(k, 'i');
+    put(k, v.toInt());
+  } else if (v.isDouble()) {
+    put(k, 'd');
+    put(k, v.toDouble());
+  } else if (v.isBool()) {
+    put(k, v.toBool() ? 'T' : 'F');
+  } else if (v.isString()) {
+    k.push_back('s');
+    k.append(v.toStringRef());
+    k.push_back('\0');
+  } else if (v.isGenerator()) {
+    k.push_back('g');
+  } else if (v.isDevice()) {
+    k.push_back('D');
+  } else {
+    // Layout, memory format and other enums arrive as ints; anything else is
+    // keyed by its printed form.
+    std::ostringstream os;
+    os << v;
+    k.append(os.str());
+    k.push_back('\0');
+  }
+}
+
+std::mutex cache_mu;
+std::unordered_map<std::string, std::shared_ptr<Entry>>& cache() {
+  static std::unordered_map<std::string, std::shared_ptr<Entry>> c;
+  return c;
+}
+
+// Scalars are uploaded per call; small values repeat, so keep their buffers.
+pjrt::BufferPtr scalar_buffer(const c10::IValue& v, DType dtype, int device) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, pjrt::BufferPtr> memo;
+  alignas(8) unsigned char bytes[8] = {0};
+  if (dtype == DType::F64) {
+    double d = v.toScalar().toDouble();
+    std::memcpy(bytes, &d, 8);
+  } else if (dtype == DType::Bool) {
+    bytes[0] = v.toScalar().toBool() ? 1 : 0;
+  } else {
+    int64_t i = v.toScalar().toLong();
+    std::memcpy(bytes, &i, 8);
+  }
+  std::string key(reinterpret_cast<char*>(bytes), 8);
+  key.push_back(static_cast<char>(dtype));
+  key.push_back(static_cast<char>(device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = memo.find(key);
+  if (it != memo.end()) return it->second;
+  auto buf = client().buffer_from_host(bytes, dtype, {}, device);
+  metrics().bytes_to_device += static_cast<int64_t>(itemsize(dtype));
+  if (memo.size() > 4096) memo.clear();
+  memo.emplace(std::move(key), buf);
+  return buf;
+}
+
+DType scalar_dtype(const c10::IValue& v) {
+  if (v.isDouble()) return DType::F64;
+  if (v.isBool()) return DType::Bool;
+  return DType::I64;
+}
+
+lower::ViewGeom geom(const at::Tensor& t) {
+  return {t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+}
+
+int64_t storage_elems(const DeviceStorage& st, DType dtype) {
+  size_t is = itemsize(dtype);
+  TORCH_CHECK(st.nbytes % is == 0, "[tpu] storage of ", st.nbytes,
+              " bytes cannot hold whole elements of size ", is);
+  return static_cast<int64_t>(st.nbytes / is);
+}
+
+// Builds the program of one call (on a cache miss).
+class CallCtx final : public lower::Ctx {
+ public:
+  CallCtx(Builder& b, const OpInfo& info, const torch::jit::Stack& args, size_t first, Slots& slots,
+          Entry& entry, std::vector<Type> outs)
+      : Ctx(b), info_(info), args_(args), first_(first), slots_(slots), entry_(entry),
+        outs_(std::move(outs)), current_(slots.storages.size()),
+        param_dtype_(slots.storages.size()) {}
+
+  const c10::IValue& arg(int i) const override { return args_[first_ + i]; }
+  int num_args() const override { return static_cast<int>(info_.scalar_arg.size()); }
+  const Type& out(int k) const override { return outs_.at(k); }
+  int num_outputs() const override { return static_cast<int>(outs_.size()); }
+  const std::string& op_name() const override { return info_.name; }
+
+  Value in(int i) override {
+    const c10::IValue& v = arg(i);
+    TORCH_CHECK(v.isTensor(), "[tpu] ", info_.name, ": argument ", i, " is not a tensor");
+    return load(v.toTensor(), i, -1);
+  }
+
+  std::vector<Value> list(int i) override {
+    std::vector<Value> out;
+    const c10::IValue& v = arg(i);
+    if (v.isTensorList()) {
+      auto l = v.toTensorList();
+      for (size_t j = 0; j < l.size(); ++j) out.push_back(load(l[j], i, static_cast<int>(j)));
+    } else {
+      auto l = v.toList();
+      for (size_t j = 0; j < l.size(); ++j) {
+        c10::IValue e = l.get(j);
+        out.push_back(e.isNone() ? Value{} : load(e.toTensor(), i, static_cast<int>(j)));
+      }
+    }
+    return out;
+  }
+
+  Value scalar(int i, DType as) override {
+    DType d = scalar_dtype(arg(i));
+    entry_.inputs.push_back({InputSource::Scalar, i, -1, d, 0});
+    return b.convert(b.param(Type{d, {}}), as);
+  }
+
+  Value rng_state(int64_t numel) override {
+    TORCH_CHECK(entry_.rng_numel < 0, "[tpu] ", info_.name, ": one random stream per op");
+    entry_.rng_numel = numel;
+    entry_.inputs.push_back({InputSource::Rng, -1, -1, DType::U64, 2});
+    return b.param(Type{DType::U64, {2}});
+  }
+
+  // Current value of a storage (a parameter, or the value after writes).
+  Value storage(int slot, DType dtype_if_empty) {
+    if (current_[slot].valid()) return current_[slot];
+    DeviceStorage* st = slots_.storages[slot];
+    DType d = st->buffer ? st->dtype : dtype_if_empty;
+    int64_t n = storage_elems(*st, d);
+    entry_.inputs.push_back({InputSource::Storage, slot, -1, d, n});
+    param_dtype_[slot] = d;
+    current_[slot] = b.param(Type{d, {n}});
+    return current_[slot];
+  }
+
+  void write(const at::Tensor& t, Value v) {
+    int slot = slots_.slot(&device_storage(t.storage()));
+    DType d = to_dtype(t.scalar_type());
+    auto g = geom(t);
+    DeviceStorage* st = slots_.storages[slot];
+    int64_t n = storage_elems(*st, d);
+    v = lower::coerce(b, v, Type{d, t.sizes().vec()});
+    if (g.contiguous() && g.offset == 0 && g.numel() == n && !current_[slot].valid()) {
+      current_[slot] = b.reshape(v, {n});  // whole overwrite: the old value is never read
+    } else {
+      Value flat = storage(slot, d);
+      TORCH_CHECK(flat.dtype() == d, "[tpu] ", info_.name, ": in-place write of ",
+                  t.scalar_type(), " into a storage holding another dtype is not supported");
+      current_[slot] = lower::write_view(b, flat, g, v);
+    }
+    if (std::find(written_.begin(), written_.end(), slot) == written_.end())
+      written_.push_back(slot);
+  }
+
+  const std::vector<int>& written() const { return written_; }
+  Value current(int slot) const { return current_[slot]; }
+
+ private:
+  Value load(const at::Tensor& t, int i, int sub) {
+    DType d = to_dtype(t.scalar_type());
+    if (!t.device().is_privateuseone()) {
+      entry_.inputs.push_back({InputSource::Host, i, sub, d, 0});
+      return b.param(Type{d, t.sizes().vec()});
+    }
+    int slot = slots_.slot(&device_storage(t.storage()));
+    Value flat = storage(slot, d);
+    if (flat.dtype() != d) {
+      TORCH_CHECK(itemsize(flat.dtype()) == itemsize(d), "[tpu] ", info_.name, ": viewing ",
+                  mlir_name(flat.dtype()), " storage as ", t.scalar_type(),
+                  " (another element size) is not supported");
+      flat = b.bitcast_convert(flat, d);
+    }
+    return lower::read_view(b, flat, geom(t));
+  }
+
+  const OpInfo& info_;
+  const torch::jit::Stack& args_;
+  size_t first_;
+  Slots& slots_;
+  Entry& entry_;
+  std::vector<Type> outs_;
+  std::vector<Value> current_;
+  std::vector<DType> param_dtype_;
+  std::vector<int> written_;
+};
+
+// PyTorch's meta kernel gives the outputs' dtypes and sizes (and its errors).
+c10::IValue to_meta(const c10::IValue& v) {
+  auto meta = [](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || !t.device().is_privateuseone()) return t;
+    return at::empty_strided(t.sizes(), t.strides(),
+                             c10::TensorOptions().dtype(t.scalar_type()).device(c10::kMeta));
+  };
+  if (v.isTensor()) return meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(meta(t));
+    return l;
+  }
+  if (v.isList()) {
+    auto src = v.toList();
+    c10::impl::GenericList l(src.elementType());
+    for (const c10::IValue& e : src) l.push_back(to_meta(e));
+    return l;
+  }
+  if (v.isGenerator()) return c10::IValue();
+  if (v.isDevice() && v.toDevice().is_privateuseone()) return c10::Device(c10::kMeta);
+  return v;
+}
+
+std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args,
+                                     size_t first, size_t n, std::vector<int>& ret_lists) {
+  torch::jit::Stack ms;
+  for (size_t i = 0; i < n; ++i) ms.push_back(to_meta(args[first + i]));
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+  std::vector<at::Tensor> outs;
+  for (const c10::IValue& r : ms) {
+    if (r.isTensor()) {
+      outs.push_back(r.toTensor());
+      ret_lists.push_back(-1);
+    } else if (r.isTensorList()) {
+      auto l = r.toTensorList();
+      for (const at::Tensor& t : l) outs.push_back(t);
+      ret_lists.push_back(static_cast<int>(l.size()));
+    } else {
+      TORCH_CHECK(false, "[tpu] ", op.schema().operator_name(), " returns a ", r.tagKind(),
+                  "; only tensor results can be lowered");
+    }
+  }
+  return outs;
+}
+
+const at::Tensor& alias_target(const torch::jit::Stack& args, size_t first, int arg) {
+  return args[first + arg].toTensor();
+}
+
+bool resize_outs(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& args,
+                 size_t first, size_t n) {
+  std::vector<int> lists;
+  std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, lists);
+  bool resized = false;
+  for (size_t r = 0; r < info.ret_alias_arg.size() && r < metas.size(); ++r) {
+    int a = info.ret_alias_arg[r];
+    if (a < 0 || lists[r] >= 0) continue;
+    const at::Tensor& out = args[first + a].toTensor();
+    if (out.sizes() != metas[r].sizes()) {
+      out.resize_(metas[r].sizes());
+      resized = true;
+    }
+  }
+  return resized;
+}
+
+std::shared_ptr<Entry> compile_call(const c10::OperatorHandle& op, const OpInfo& info,
+                                    const torch::jit::Stack& args, size_t first, size_t n,
+                                    Slots& slots) {
+  auto entry = std::make_shared<Entry>();
+  std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, entry->ret_lists);
+  std::vector<Type> out_types;
+  for (const at::Tensor& m : metas) out_types.push_back(Type{to_dtype(m.scalar_type()), m.sizes().vec()});
+  Builder b;
+  CallCtx ctx(b, info, args, first, slots, *entry, out_types);
+  std::vector<Value> vals = (*info.rule)(ctx);
+  TORCH_CHECK(vals.size() == metas.size(), "[tpu] lowering of ", info.name, " returned ",
+              vals.size(), " values for ", metas.size(), " outputs");
+  std::vector<Value> results;
+  size_t k = 0;
+  for (size_t r = 0; r < entry->ret_lists.size(); ++r) {
+    int cnt = entry->ret_lists[r] < 0 ? 1 : entry->ret_lists[r];
+    int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
+    for (int j = 0; j < cnt; ++j, ++k) {
+      if (alias >= 0) {
+        ctx.write(alias_target(args, first, alias), vals[k]);
+        continue;
+      }
+      Value v = lower::coerce(b, vals[k], out_types[k]);
+      results.push_back(b.reshape(v, {out_types[k].numel()}));
+      entry->outs.push_back({false, -1, out_types[k].dtype, out_types[k].shape});
+    }
+  }
+  for (int slot : ctx.written()) {
+    Value v = ctx.current(slot);
+    results.push_back(v);
+    entry->outs.push_back({true, slot, v.dtype(), v.shape()});
+  }
+  b.ret(results);
+  auto t0 = std::chrono::steady_clock::now();
+  entry->exe = client().compile(b.module());
+  auto dt = std::chrono::steady_clock::now() - t0;
+  metrics().compiles++;
+  metrics().compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count();
+  return entry;
+}
+
+pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device) {
+  at::Tensor t = sub < 0 ? v.toTensor()
+                         : (v.isTensorList() ? v.toTensorList().get(sub)
+                                             : v.toList().get(sub).toTensor());
+  t = t.contiguous();
+  metrics().bytes_to_device += static_cast<int64_t>(t.nbytes());
+  return client().buffer_from_host(t.data_ptr(), to_dtype(t.scalar_type()), t.sizes(), device);
+}
+
+std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_t first,
+                                           size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (args[first + i].isGenerator()) return args[first + i].toGenerator();
+  return std::nullopt;
+}
+
+int call_device(const torch::jit::Stack& args, size_t first, size_t n, const Slots& slots) {
+  if (!slots.storages.empty()) return slots.storages[0]->device;
+  return current_device();
+}
+
+void check_same_device(const std::string& name, const Slots& slots) {
+  for (DeviceStorage* s : slots.storages)
+    TORCH_CHECK(s->device == slots.storages[0]->device, "[tpu] ", name,
+                ": expected all tensors on the same device, found tpu:", slots.storages[0]->device,
+                " and tpu:", s->device, "; move them with .to()");
+}
+
+void debug_checks(const std::string& what, const std::vector<pjrt::BufferPtr>& outs) {
+  for (const auto& o : outs) o->await_ready();
+  if (!check_nans()) return;
+  for (const auto& o : outs) {
+    if (!is_float(o->dtype()) || o->numel() == 0) continue;
+    // Host-side scan: debug mode only.
+    std::vector<unsigned char> host(o->nbytes());
+    o->to_host(host.data(), host.size());
+    at::Tensor t = at::from_blob(host.data(), {o->numel()},
+                                 c10::TensorOptions().dtype(lower::to_scalar_type(o->dtype())));
+    TORCH_CHECK(t.isfinite().all().item<bool>(), "[tpu] TORCHTPU_CHECK_NANS: ", what,
+                " produced NaN or Inf");
+  }
+}
+
+}  // namespace
+
+pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device) {
+  std::vector<unsigned char> zeros(static_cast<size_t>(n) * itemsize(dtype), 0);
+  int64_t dims[1] = {n};
+  metrics().bytes_to_device += static_cast<int64_t>(zeros.size());
+  return client().buffer_from_host(zeros.data(), dtype, dims, device);
+}
+
+at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,
+                       int device) {
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+  at::Tensor t = at::empty(sizes, c10::TensorOptions().dtype(dtype).device(
+                                      c10::Device(c10::DeviceType::PrivateUse1, device)));
+  auto& st = device_storage(t.storage());
+  st.dtype = buf->dtype();
+  st.buffer = std::move(buf);
+  return t;
+}
+
+void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  const size_t first = stack->size() - n;
+  Slots slots;
+  std::string key;
+  key.reserve(256);
+  put(key, &info);
+  for (size_t i = 0; i < n; ++i)
+    key_ivalue(key, (*stack)[first + i], info.scalar_arg[i] != 0, slots);
+  check_same_device(info.name, slots);
+
+  std::shared_ptr<Entry> entry;
+  {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    auto it = cache().find(key);
+    if (it != cache().end()) entry = it->second;
+  }
+  if (entry) {
+    metrics().cache_hits++;
+  } else {
+    // out= tensors of the wrong size are resized first (then the key changes).
+    if (info.is_out && resize_outs(op, info, *stack, first, n)) return run_lowered(op, info, stack);
+    entry = compile_call(op, info, *stack, first, n, slots);
+    std::lock_guard<std::mutex> lock(cache_mu);
+    cache().emplace(key, entry);
+  }
+  const int device = call_device(*stack, first, n, slots);
+
+  std::vector<pjrt::BufferPtr> owned;
+  owned.reserve(entry->inputs.size());
+  for (const InputSource& in : entry->inputs) {
+    switch (in.kind) {
+      case InputSource::Storage: {
+        DeviceStorage* st = slots.storages[in.index];
+        if (!st->buffer) {
+          st->buffer = zeros_buffer(in.dtype, in.n, st->device);
+          st->dtype = in.dtype;
+        }
+        owned.push_back(st->buffer);
+        break;
+      }
+      case InputSource::Scalar:
+        owned.push_back(scalar_buffer((*stack)[first + in.index], in.dtype, device));
+        break;
+      case InputSource::Host:
+        owned.push_back(host_input((*stack)[first + in.index], in.sub, device));
+        break;
+      case InputSource::Rng: {
+        uint64_t state[2];
+        philox_take(find_generator(*stack, first, n), device, entry->rng_numel, state);
+        int64_t dims[1] = {2};
+        owned.push_back(client().buffer_from_host(state, DType::U64, dims, device));
+        break;
+      }
+    }
+  }
+  std::vector<pjrt::Buffer*> raw(owned.size());
+  for (size_t i = 0; i < owned.size(); ++i) raw[i] = owned[i].get();
+  std::vector<pjrt::BufferPtr> outs = entry->exe->execute(raw, device);
+  metrics().executions++;
+  if (mode() == Mode::Debug) debug_checks(describe(info.name, *stack, first, n), outs);
+  else if (!outs.empty()) track_inflight(outs.back());
+
+  // Results: fresh tensors, and new buffers of written storages.
+  std::vector<at::Tensor> fresh;
+  for (size_t k = 0; k < entry->outs.size(); ++k) {
+    const OutSpec& o = entry->outs[k];
+    if (o.write) {
+      DeviceStorage* st = slots.storages[o.slot];
+      st->buffer = outs[k];
+      st->dtype = o.dtype;
+    } else {
+      fresh.push_back(wrap_buffer(outs[k], o.sizes, lower::to_scalar_type(o.dtype), device));
+    }
+  }
+  torch::jit::Stack args(stack->begin() + first, stack->end());
+  stack->erase(stack->begin() + first, stack->end());
+  size_t f = 0;
+  for (size_t r = 0; r < entry->ret_lists.size(); ++r) {
+    int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
+    if (alias >= 0) {
+      stack->push_back(args[alias]);
+    } else if (entry->ret_lists[r] < 0) {
+      stack->push_back(fresh[f++]);
+    } else {
+      c10::List<at::Tensor> l;
+      for (int j = 0; j < entry->ret_lists[r]; ++j) l.push_back(fresh[f++]);
+      stack->push_back(l);
+    }
+  }
+}
+
+std::string describe(const std::string& op, const torch::jit::Stack& args, size_t first,
+                     size_t n) {
+  std::ostringstream os;
+  os << "aten::" << op << "(";
+  auto tensor = [&](const at::Tensor& t) {
+    if (!t.defined()) {
+      os << "None";
+      return;
+    }
+    os << c10::toString(t.scalar_type()) << t.sizes();
+    if (!t.device().is_privateuseone()) os << "@" << t.device();
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (i) os << ", ";
+    const c10::IValue& v = args[first + i];
+    if (v.isTensor()) tensor(v.toTensor());
+    else if (v.isTensorList()) {
+      os << "[";
+      for (const at::Tensor& t : v.toTensorList()) {
+        tensor(t);
+        os << " ";
+      }
+      os << "]";
+    } else os << v;
+  }
+  os << ")";
+  return os.str();
+}
+
+}  // namespace torchtpu::aten

@@ -1,0 +1,45 @@
+// Strict/Debug Eager: every ATen op on tpu tensors becomes one cached
+// executable built from its lowering rule.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include "aten/runtime.h"
+#include "lower/registry.h"
+
+namespace torchtpu::aten {
+
+// How an op maps onto a rule: the rule of its own name, or of its functional
+// twin (in-place `foo_` -> `foo`, out= -> the overload with the same inputs).
+struct OpInfo {
+  std::string name;                     // "add_.Tensor"
+  const lower::Rule* rule = nullptr;    // rule run for this op (maybe the functional twin's)
+  bool is_out = false;                  // has out= arguments
+  std::vector<uint8_t> scalar_arg;      // per argument: 1 = Scalar (a runtime input)
+  std::vector<int> ret_alias_arg;       // per return: index of the argument it writes, or -1
+};
+const OpInfo& op_info(const c10::OperatorHandle& op);
+
+// Runs `op` through info.rule, writing in-place results into their storages.
+void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack);
+
+// New contiguous tpu tensor owning `buf` (rank-1, numel elements).
+at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,
+                       int device);
+// The tensor's values as a dense row-major buffer of its dtype (runs a
+// program when the tensor is a strided view).
+pjrt::BufferPtr dense_buffer(const at::Tensor& t);
+// dst (any view, any dtype) := src (tpu tensor broadcastable to dst).
+void device_copy(const at::Tensor& src, const at::Tensor& dst);
+// dst (any view) := contiguous CPU tensor of dst's sizes and dtype.
+void host_to_device(const at::Tensor& src, const at::Tensor& dst);
+// Short description of an op call for error messages: "aten::mm(f32[2, 3], f32[4, 5])".
+std::string describe(const std::string& op, const torch::jit::Stack& args, size_t first,
+                     size_t n);
+// Ops that ran through the CPU fallback, with counts.
+std::vector<std::pair<std::string, int64_t>> fallback_report();
+// Zero-initialized storage buffer of `nbytes` with element type `dtype`.
+pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device);
+
+}  // namespace torchtpu::aten

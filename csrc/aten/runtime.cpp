@@ -1,0 +1,233 @@
+#include "aten/runtime.h"
+
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+
+namespace torchtpu::aten {
+
+namespace {
+
+// Site-packages dirs to search for plugins: next to torch (same venv) and any
+// TORCHTPU_PLUGIN_PATH entries.
+std::vector<std::string> plugin_search_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* extra = std::getenv("TORCHTPU_PLUGIN_PATH")) {
+    std::string s(extra);
+    size_t pos = 0;
+    while (pos <= s.size()) {
+      size_t next = s.find(':', pos);
+      if (next == std::string::npos) next = s.size();
+      if (next > pos) dirs.push_back(s.substr(pos, next - pos));
+      pos = next + 1;
+    }
+  }
+  // libc10.so lives in <site-packages>/torch/lib.
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&c10::GetAllocator), &info) && info.dli_fname) {
+    namespace fs = std::filesystem;
+    dirs.push_back(fs::path(info.dli_fname).parent_path().parent_path().parent_path().string());
+  }
+  return dirs;
+}
+
+struct ClientState {
+  std::once_flag once;
+  pjrt::ClientPtr client;
+  std::string error;
+};
+
+ClientState& state() {
+  static ClientState s;
+  return s;
+}
+
+pjrt::ClientPtr make_client() {
+  auto plugin = pjrt::Plugin::load(pjrt::find_plugin(plugin_search_dirs()));
+  pjrt::CreateOptions opts;
+  std::string platform = std::getenv("TORCHTPU_PLATFORM") ? std::getenv("TORCHTPU_PLATFORM") : "cpu";
+  if (platform == "cpu") {
+    const char* n = std::getenv("TORCHTPU_NUM_DEVICES");
+    opts["cpu_device_count"] = int64_t(n ? std::atoll(n) : 1);
+  } else if (platform == "cuda") {
+    // Leave GPU memory to PyTorch and others: no 75% preallocation.
+    opts["preallocate"] = false;
+  }
+  return pjrt::Client::create(plugin, opts);
+}
+
+thread_local int tls_device = 0;
+thread_local int tls_mode = -1;
+
+Mode initial_mode() {
+  auto env_true = [](const char* n) {
+    const char* v = std::getenv(n);
+    return v && std::string(v) != "0" && std::string(v) != "";
+  };
+  const char* m = std::getenv("TORCHTPU_EAGER");
+  if ((m && std::string(m) == "debug") || env_true("TPU_LAUNCH_BLOCKING")) return Mode::Debug;
+  return Mode::Strict;
+}
+std::atomic<int> global_mode{static_cast<int>(initial_mode())};
+
+}  // namespace
+
+pjrt::ClientPtr client_ptr() {
+  auto& s = state();
+  std::call_once(s.once, [&] {
+    try {
+      s.client = make_client();
+    } catch (const std::exception& e) {
+      s.error = e.what();
+    }
+  });
+  TORCH_CHECK(s.client, "[tpu] cannot start the PJRT runtime: ", s.error);
+  return s.client;
+}
+
+pjrt::Client& client() { return *client_ptr(); }
+
+int device_count() noexcept {
+  try {
+    return client_ptr()->device_count();
+  } catch (...) {
+    return 0;
+  }
+}
+
+void check_device(int index) {
+  int n = device_count();
+  TORCH_CHECK_INDEX(index >= 0 && index < n, "[tpu] device index ", index,
+                    " is out of range: this process has ", n, " tpu device(s) (valid: 0..",
+                    n - 1, "); set TORCHTPU_NUM_DEVICES for more CPU devices");
+}
+
+int current_device() { return tls_device; }
+void set_current_device(int index) {
+  check_device(index);
+  tls_device = index;
+}
+
+Mode mode() { return static_cast<Mode>(tls_mode >= 0 ? tls_mode : global_mode.load()); }
+void set_mode(Mode m) { global_mode = static_cast<int>(m); }
+void set_thread_mode(int m) { tls_mode = m; }
+
+static bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+bool check_nans() { return env_flag("TORCHTPU_CHECK_NANS"); }
+bool cpu_fallback_enabled() { return env_flag("TORCHTPU_CPU_FALLBACK"); }
+
+Metrics& metrics() {
+  static Metrics m;
+  return m;
+}
+
+// --- in-flight queue
+
+namespace {
+std::mutex inflight_mu;
+std::deque<pjrt::BufferPtr> inflight;
+size_t max_inflight() {
+  static size_t n = [] {
+    const char* v = std::getenv("TORCHTPU_MAX_INFLIGHT");
+    return v ? std::max<size_t>(1, std::atoll(v)) : 64;
+  }();
+  return n;
+}
+}  // namespace
+
+void track_inflight(const pjrt::BufferPtr& out) {
+  pjrt::BufferPtr oldest;
+  {
+    std::lock_guard<std::mutex> lock(inflight_mu);
+    inflight.push_back(out);
+    if (inflight.size() <= max_inflight()) return;
+    oldest = std::move(inflight.front());
+    inflight.pop_front();
+  }
+  // Errors surface where the value is read; the queue only bounds progress.
+  try {
+    oldest->await_ready();
+  } catch (...) {
+  }
+}
+
+void synchronize() {
+  std::deque<pjrt::BufferPtr> pending;
+  {
+    std::lock_guard<std::mutex> lock(inflight_mu);
+    pending.swap(inflight);
+  }
+  for (auto& b : pending) b->await_ready();
+}
+
+// --- storage and allocator
+
+namespace {
+
+void delete_storage(void* ctx) {
+  auto* s = static_cast<DeviceStorage*>(ctx);
+  metrics().bytes_in_use -= static_cast<int64_t>(s->nbytes);
+  delete s;
+}
+
+class TpuAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    int dev = current_device();
+    auto* s = new DeviceStorage();
+    s->device = dev;
+    s->nbytes = n;
+    auto& m = metrics();
+    int64_t now = (m.bytes_in_use += static_cast<int64_t>(n));
+    int64_t peak = m.peak_bytes.load();
+    while (now > peak && !m.peak_bytes.compare_exchange_weak(peak, now)) {
+    }
+    // The data pointer is the context itself: a unique, never-dereferenced id.
+    return {s, s, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, dev)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, size_t) const override {
+    TORCH_CHECK(false, "[tpu] raw device copies are not supported; use tensor.copy_()");
+  }
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override {
+    c10::CachingDeviceAllocator::DeviceStats st;
+    auto& m = metrics();
+    auto& cur = st.allocated_bytes[0];
+    cur.current = m.bytes_in_use.load();
+    cur.peak = m.peak_bytes.load();
+    st.reserved_bytes[0] = cur;
+    return st;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex) override {}
+  void resetPeakStats(c10::DeviceIndex) override {
+    metrics().peak_bytes = metrics().bytes_in_use.load();
+  }
+};
+
+TpuAllocator g_allocator;
+
+}  // namespace
+
+c10::Allocator* allocator() { return &g_allocator; }
+
+DeviceStorage& device_storage(const c10::Storage& storage) {
+  void* ctx = storage.data_ptr().get_context();
+  TORCH_CHECK(ctx && storage.data_ptr().get_deleter() == &delete_storage,
+              "[tpu] tensor storage was not allocated by the tpu allocator");
+  return *static_cast<DeviceStorage*>(ctx);
+}
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)
+
+}  // namespace torchtpu::aten

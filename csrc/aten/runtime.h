@@ -1,0 +1,62 @@
+// Process-wide device runtime: the PJRT client, device storages, eager mode,
+// metrics. The torch-facing glue for csrc/pjrt.
+#pragma once
+#include <c10/core/Allocator.h>
+#include <c10/core/Storage.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/dtype.h"
+#include "pjrt/pjrt.h"
+
+namespace torchtpu::aten {
+
+// The PJRT client, created on first use. Throws c10::Error (with the plugin's
+// message and an install hint) when no plugin can be loaded.
+pjrt::Client& client();
+pjrt::ClientPtr client_ptr();
+// Number of devices; 0 when the plugin cannot load (never throws).
+int device_count() noexcept;
+int current_device();
+void set_current_device(int index);
+void check_device(int index);  // c10::Error naming the valid range
+
+// DataPtr context of every tpu storage. PJRT buffers are immutable, so a
+// storage owns a handle to its *current* buffer, swapped by in-place writes.
+struct DeviceStorage {
+  int device = 0;
+  size_t nbytes = 0;
+  pjrt::BufferPtr buffer;       // rank-1; null until first written (reads as zeros)
+  DType dtype = DType::U8;      // element type of `buffer`
+};
+
+DeviceStorage& device_storage(const c10::Storage& storage);
+c10::Allocator* allocator();
+// Replaces the storage's bytes with a zero-initialized allocation of `nbytes`,
+// keeping the leading old contents (untyped_storage().resize_()).
+void resize_storage(const c10::Storage& storage, size_t nbytes);
+
+// Eager modes: strict (async, default), debug (waits on every op, checks).
+enum class Mode { Strict, Debug };
+Mode mode();
+void set_mode(Mode m);               // global
+void set_thread_mode(int m);         // -1 = follow global, else Mode
+bool check_nans();
+bool cpu_fallback_enabled();
+
+// Host-side limit on work in flight: waits for the oldest output when the
+// queue is full so the host cannot run unboundedly ahead of the device.
+void track_inflight(const pjrt::BufferPtr& out);
+void synchronize();
+
+struct Metrics {
+  std::atomic<int64_t> ops{0}, compiles{0}, cache_hits{0}, fallbacks{0}, host_syncs{0};
+  std::atomic<int64_t> bytes_to_device{0}, bytes_to_host{0}, executions{0};
+  std::atomic<int64_t> compile_ns{0}, bytes_in_use{0}, peak_bytes{0};
+};
+Metrics& metrics();
+
+}  // namespace torchtpu::aten

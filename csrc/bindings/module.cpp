@@ -1,0 +1,117 @@
+// The Python module torchtpu._C: the only file with Python headers.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "aten/executor.h"
+#include "aten/generator.h"
+#include "aten/runtime.h"
+
+namespace py = pybind11;
+using namespace torchtpu::aten;
+
+namespace {
+
+py::dict metrics_dict() {
+  auto& m = metrics();
+  py::dict d;
+  d["ops"] = m.ops.load();
+  d["executions"] = m.executions.load();
+  d["compiles"] = m.compiles.load();
+  d["cache_hits"] = m.cache_hits.load();
+  d["fallbacks"] = m.fallbacks.load();
+  d["host_syncs"] = m.host_syncs.load();
+  d["bytes_to_device"] = m.bytes_to_device.load();
+  d["bytes_to_host"] = m.bytes_to_host.load();
+  d["compile_seconds"] = static_cast<double>(m.compile_ns.load()) * 1e-9;
+  py::dict fb;
+  for (auto& [name, count] : fallback_report()) fb[py::str(name)] = count;
+  d["fallback_ops"] = fb;
+  return d;
+}
+
+at::Generator gen(int device) { return default_generator(device < 0 ? current_device() : device); }
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "TorchTPU native core";
+  // c10 errors become the matching Python exceptions, without C++ backtraces.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+  m.def("_init", [] { client(); }, "Starts the PJRT client; raises if no plugin can load.");
+  m.def("device_count", [] { return device_count(); });
+  m.def("current_device", [] { return current_device(); });
+  m.def("set_device", [](int i) { set_current_device(i); });
+  m.def("synchronize", [] {
+    py::gil_scoped_release release;
+    metrics().host_syncs++;
+    synchronize();
+  });
+  m.def("platform", [] {
+    auto& c = client();
+    py::dict d;
+    d["name"] = c.platform_name();
+    d["version"] = c.platform_version();
+    d["plugin"] = c.plugin().path();
+    for (auto& [k, v] : c.plugin().attributes()) d[py::str(k)] = v;
+    return d;
+  });
+  m.def("set_mode", [](const std::string& s) {
+    TORCH_CHECK(s == "strict" || s == "debug", "[tpu] unknown eager mode '", s,
+                "'; expected 'strict' or 'debug'");
+    set_mode(s == "debug" ? Mode::Debug : Mode::Strict);
+  });
+  m.def("set_thread_mode", [](const std::string& s) {
+    TORCH_CHECK(s == "strict" || s == "debug" || s == "", "[tpu] unknown eager mode '", s, "'");
+    set_thread_mode(s.empty() ? -1 : static_cast<int>(s == "debug" ? Mode::Debug : Mode::Strict));
+  });
+  m.def("get_mode", [] { return mode() == Mode::Debug ? "debug" : "strict"; });
+  m.def("metrics", &metrics_dict);
+  m.def("reset_metrics", [] {
+    auto& x = metrics();
+    for (auto* c : {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs,
+                    &x.bytes_to_device, &x.bytes_to_host, &x.executions, &x.compile_ns})
+      *c = 0;
+  });
+  m.def("memory_allocated", [] { return metrics().bytes_in_use.load(); });
+  m.def("max_memory_allocated", [] { return metrics().peak_bytes.load(); });
+  m.def("reset_peak_memory_stats", [] { metrics().peak_bytes = metrics().bytes_in_use.load(); });
+  m.def("manual_seed", [](int device, uint64_t seed) {
+    at::Generator g = gen(device);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(seed);
+  });
+  m.def("seed", [](int device) {
+    at::Generator g = gen(device);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return g.seed();
+  });
+  m.def("initial_seed", [](int device) { return gen(device).current_seed(); });
+  m.def("get_rng_state", [](int device) {
+    at::Generator g = gen(device);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    uint64_t s[2] = {g.current_seed(), g.get_offset()};
+    return py::bytes(reinterpret_cast<const char*>(s), 16);
+  });
+  m.def("set_rng_state", [](int device, const py::bytes& b) {
+    std::string s = b;
+    TORCH_CHECK(s.size() == 16, "[tpu] RNG state must be 16 bytes [seed | offset]");
+    uint64_t v[2];
+    std::memcpy(v, s.data(), 16);
+    at::Generator g = gen(device);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(v[0]);
+    g.set_offset(v[1]);
+  });
+}

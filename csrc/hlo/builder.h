@@ -1,0 +1,150 @@
+// StableHLO text builder: typed SSA values and op emitters. No torch, no Python.
+// A Builder makes one module with a single `func.func public @main`.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace torchtpu::hlo {
+
+using Shape = std::vector<int64_t>;
+
+struct Type {
+  DType dtype = DType::F32;
+  Shape shape;  // empty = rank 0
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  int64_t numel() const;
+  std::string str() const;  // "tensor<2x3xf32>", "tensor<f32>"
+  bool operator==(const Type&) const = default;
+};
+
+struct Value {
+  // Results of multi-result ops get their own ids and print as %v<k>#<i>.
+  int id = -1;  // SSA number: printed as %v<id> (parameters as %arg<n>)
+  Type type;
+  const Shape& shape() const { return type.shape; }
+  DType dtype() const { return type.dtype; }
+  int64_t rank() const { return type.rank(); }
+  bool valid() const { return id >= 0; }
+};
+
+// Thrown on malformed requests (rank/shape mismatch); message names the op.
+class BuildError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Cmp { EQ, NE, LT, LE, GT, GE };
+enum class Reducer { Add, Mul, Max, Min, And, Or };
+
+class Builder {
+ public:
+  // Adds a @main parameter. `donate` marks it `jax.buffer_donor = true`.
+  Value param(const Type& type, bool donate = false);
+  // Sets @main's results. Must be called exactly once, after all ops.
+  void ret(const std::vector<Value>& results);
+  // The complete module text.
+  std::string module() const;
+
+  // --- constants and generators
+  Value constant(double v, DType dtype);       // rank-0 scalar
+  Value constant_int(int64_t v, DType dtype);  // exact for 64-bit ints
+  Value splat(double v, const Type& type);     // broadcast scalar constant
+  Value iota(const Type& type, int64_t dim);
+
+  // --- elementwise. `op` is the StableHLO name without prefix ("add", "exponential").
+  // Operands must already have identical shapes (use broadcast_in_dim first).
+  Value unary(const char* op, Value x);
+  Value binary(const char* op, Value a, Value b);
+  Value compare(Cmp dir, Value a, Value b);  // compare type picked from dtype
+  Value select(Value pred, Value on_true, Value on_false);
+  Value clamp(Value lo, Value x, Value hi);
+  Value convert(Value x, DType to);          // no-op when dtype already matches
+  Value bitcast_convert(Value x, DType to);  // same itemsize only
+
+  // --- shape
+  Value reshape(Value x, const Shape& shape);  // no-op when shape matches
+  Value broadcast_in_dim(Value x, const Shape& shape, const std::vector<int64_t>& dims);
+  Value transpose(Value x, const std::vector<int64_t>& perm);
+  Value slice(Value x, const Shape& start, const Shape& limit, const Shape& strides);
+  Value dynamic_slice(Value x, const std::vector<Value>& starts, const Shape& sizes);
+  Value dynamic_update_slice(Value x, Value update, const std::vector<Value>& starts);
+  Value concatenate(const std::vector<Value>& xs, int64_t dim);
+  Value pad(Value x, Value pad_value, const Shape& lo, const Shape& hi, const Shape& interior);
+  Value reverse(Value x, const std::vector<int64_t>& dims);
+
+  // --- reductions
+  Value reduce(Value x, Value init, const std::vector<int64_t>& dims, Reducer r);
+  // Variadic reduce returning (max/min value, index) along one dim; index dtype I64.
+  // Ties pick the smallest index; NaN wins (as torch.argmax).
+  std::pair<Value, Value> reduce_arg(Value x, int64_t dim, bool is_max);
+  Value reduce_window(Value x, Value init, Reducer r, const Shape& window, const Shape& strides,
+                      const Shape& pad_lo, const Shape& pad_hi);
+
+  // --- linear algebra
+  Value dot_general(Value lhs, Value rhs, const std::vector<int64_t>& lhs_batch,
+                    const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
+                    const std::vector<int64_t>& rhs_contract, DType out);
+
+  // --- indexing. Simple forms cover torch's index ops:
+  // gather_rows: out[i..., j...] = x[idx[i...], j...] along `dim` (idx integer, any rank).
+  Value take_along(Value x, Value idx, int64_t dim);    // torch.gather semantics, idx same rank
+  Value index_select(Value x, Value idx, int64_t dim);  // idx rank 1
+  // scatter of `updates` (same rank as idx) into x along dim (torch.scatter / scatter_add).
+  Value scatter_along(Value x, Value idx, Value updates, int64_t dim, bool add);
+  // Point gather/scatter on a flat rank-1 x with integer positions of any shape.
+  Value gather_flat(Value x, Value positions);
+  Value scatter_flat(Value x, Value positions, Value updates, bool add);
+
+  // --- other
+  // Sort along dim; returns the sorted operands (first is the key). Stable.
+  std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool descending);
+  // stablehlo.rng_bit_generator, algorithm PHILOX; state is tensor<2xui64>.
+  // Returns (new_state, bits) with bits of `type` (ui32 or ui64 element type).
+  std::pair<Value, Value> rng_bit_generator(Value state, const Type& type);
+
+  int num_params() const { return static_cast<int>(params_.size()); }
+
+ private:
+  Value emit(const std::string& rhs_and_type, const Type& type);  // appends "%vN = ..."
+  std::string name(const Value& v) const;
+  std::vector<std::pair<Type, bool>> params_;
+  std::vector<std::string> lines_;
+  std::vector<Type> results_;
+  std::string ret_line_;
+  int next_id_ = 0;
+
+  // --- additive private helpers (builder.cpp / builder_index.cpp)
+  using Body = std::function<std::vector<Value>(const std::vector<Value>&)>;
+  Value new_value(std::string name, const Type& type);
+  std::vector<Value> emit_multi(const std::string& rhs, const std::vector<Type>& types);
+  // Generic form: "stablehlo.<op>"(args) <region> {attrs} : (arg types) -> results.
+  std::string generic(const char* op, const std::vector<Value>& args, const std::string& attrs,
+                      const std::vector<Type>& results, const std::string& region = {}) const;
+  Value op(const char* op, const std::vector<Value>& args, const std::string& attrs,
+           const Type& out, const std::string& region = {});
+  // A one-block region whose body is built with this builder's own emitters.
+  std::string region(const std::vector<Type>& args, const Body& body);
+  std::string reducer_region(Reducer r, DType dtype);
+  Value coords(Value idx, int64_t dim, int64_t rank);  // idx.shape + [rank] i64 coordinates
+  Value gather(Value x, Value idx, const std::vector<int64_t>& offset_dims,
+               const std::vector<int64_t>& dims, int64_t index_vector_dim, const Shape& slice_sizes,
+               const Type& out);
+  Value scatter(const char* who, Value x, Value idx, Value updates,
+                const std::vector<int64_t>& dims, int64_t index_vector_dim, bool add);
+  static std::string arr(const std::vector<int64_t>& v);   // array<i64: 1, 0>
+  static std::string list(const std::vector<int64_t>& v);  // [1, 0]
+  [[noreturn]] static void fail(const char* op, const std::string& what);
+  static void check_dims(const char* op, const std::vector<int64_t>& dims, int64_t rank);
+  std::vector<std::string> names_;  // by id
+  std::vector<Type> types_;         // by id
+  bool has_ret_ = false;
+};
+
+}  // namespace torchtpu::hlo

@@ -1,0 +1,290 @@
+// StableHLO text emission: reductions, dot_general, gather/scatter, sort, rng.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "hlo/builder.h"
+
+namespace torchtpu::hlo {
+namespace {
+
+// Identity of max (highest=false) / min (highest=true) for reduce_arg's init.
+Value extreme(Builder& b, DType t, bool highest) {
+  if (is_float(t)) return b.constant(highest ? INFINITY : -INFINITY, t);
+  if (t == DType::Bool || is_unsigned(t)) return b.constant_int(highest ? -1 : 0, t);  // -1 wraps
+  int bits = static_cast<int>(itemsize(t)) * 8;
+  int64_t mx = bits == 64 ? std::numeric_limits<int64_t>::max() : (int64_t{1} << (bits - 1)) - 1;
+  return b.constant_int(highest ? mx : -mx - 1, t);
+}
+
+std::vector<int64_t> range(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+bool is_int(DType t) { return is_signed_int(t) || is_unsigned(t); }
+
+Shape drop_dims(const Shape& s, const std::vector<int64_t>& dims) {
+  Shape out;
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i)
+    if (std::find(dims.begin(), dims.end(), i) == dims.end()) out.push_back(s[i]);
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- reductions
+
+std::string Builder::reducer_region(Reducer r, DType dt) {
+  static const char* kOps[] = {"add", "multiply", "maximum", "minimum", "and", "or"};
+  const char* opname = kOps[static_cast<int>(r)];
+  if (dt == DType::Bool && r == Reducer::Add) opname = "or";  // bool sum saturates (any)
+  if (dt == DType::Bool && r == Reducer::Mul) opname = "and";
+  if ((r == Reducer::And || r == Reducer::Or) && is_float(dt)) fail("reduce", "and/or on float");
+  Type s{dt, {}};
+  return region({s, s}, [&](const std::vector<Value>& a) {
+    return std::vector<Value>{binary(opname, a[0], a[1])};
+  });
+}
+
+Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, Reducer r) {
+  check_dims("reduce", dims, x.rank());
+  if (init.rank() != 0 || init.dtype() != x.dtype())
+    fail("reduce", "init " + init.type.str() + " for " + x.type.str());
+  std::string body = reducer_region(r, x.dtype());
+  return op("reduce", {x, init}, "dimensions = " + arr(dims),
+            Type{x.dtype(), drop_dims(x.shape(), dims)}, body);
+}
+
+// Comparator picks (value, index) by torch's order: NaN beats everything,
+// ties go to the smaller index. Init index 0 is safe: the init value only
+// wins a tie when every element equals it, and then index 0 is the answer.
+std::pair<Value, Value> Builder::reduce_arg(Value x, int64_t dim, bool is_max) {
+  if (dim < 0 || dim >= x.rank())
+    fail("reduce_arg", "dim " + std::to_string(dim) + " out of range for " + x.type.str());
+  DType dt = x.dtype();
+  Value idx = iota(Type{DType::I64, x.shape()}, dim);
+  Value init_v = extreme(*this, dt, !is_max), init_i = constant_int(0, DType::I64);
+  Type sv{dt, {}}, si{DType::I64, {}};
+  std::string body = region({sv, si, sv, si}, [&](const std::vector<Value>& a) {
+    Value av = a[0], ai = a[1], bv = a[2], bi = a[3];
+    Value better = compare(is_max ? Cmp::GT : Cmp::LT, av, bv), eq = compare(Cmp::EQ, av, bv);
+    if (is_float(dt)) {
+      Value an = compare(Cmp::NE, av, av), bn = compare(Cmp::NE, bv, bv);
+      better = binary("or", better, binary("and", an, unary("not", bn)));
+      eq = binary("or", eq, binary("and", an, bn));
+    }
+    Value pick = binary("or", better, binary("and", eq, compare(Cmp::LT, ai, bi)));
+    return std::vector<Value>{select(pick, av, bv), select(pick, ai, bi)};
+  });
+  Shape s = drop_dims(x.shape(), {dim});
+  std::vector<Type> outs{Type{dt, s}, Type{DType::I64, s}};
+  auto r = emit_multi(
+      generic("reduce", {x, idx, init_v, init_i}, "dimensions = " + arr({dim}), outs, body), outs);
+  return {r[0], r[1]};
+}
+
+Value Builder::reduce_window(Value x, Value init, Reducer r, const Shape& window,
+                             const Shape& strides, const Shape& pad_lo, const Shape& pad_hi) {
+  size_t n = static_cast<size_t>(x.rank());
+  Shape st = strides.empty() ? Shape(n, 1) : strides;
+  Shape lo = pad_lo.empty() ? Shape(n, 0) : pad_lo, hi = pad_hi.empty() ? Shape(n, 0) : pad_hi;
+  if (window.size() != n || st.size() != n || lo.size() != n || hi.size() != n)
+    fail("reduce_window", "window/strides/padding rank differs from " + x.type.str());
+  if (init.rank() != 0 || init.dtype() != x.dtype())
+    fail("reduce_window", "init " + init.type.str() + " for " + x.type.str());
+  Type out{x.dtype(), {}};
+  std::string pad = "padding = dense<[";
+  bool padded = false;
+  for (size_t i = 0; i < n; ++i) {
+    int64_t size = x.shape()[i] + lo[i] + hi[i];
+    if (window[i] < 1 || st[i] < 1 || lo[i] < 0 || hi[i] < 0 || size < window[i])
+      fail("reduce_window",
+           "window " + list(window) + " stride " + list(st) + " does not fit " + x.type.str());
+    out.shape.push_back((size - window[i]) / st[i] + 1);
+    pad += (i ? ", [" : "[") + std::to_string(lo[i]) + ", " + std::to_string(hi[i]) + "]";
+    padded |= lo[i] != 0 || hi[i] != 0;
+  }
+  pad += "]> : tensor<" + std::to_string(n) + "x2xi64>";
+  std::string attrs = "window_dimensions = " + arr(window) + ", window_strides = " + arr(st);
+  if (padded) attrs += ", " + pad;
+  std::string body = reducer_region(r, x.dtype());
+  return op("reduce_window", {x, init}, attrs, out, body);
+}
+
+// ---------------------------------------------------------------- dot
+
+Value Builder::dot_general(Value lhs, Value rhs, const std::vector<int64_t>& lb,
+                           const std::vector<int64_t>& rb, const std::vector<int64_t>& lc,
+                           const std::vector<int64_t>& rc, DType out) {
+  if (lhs.dtype() != rhs.dtype())
+    fail("dot_general", "operand types differ: " + lhs.type.str() + " vs " + rhs.type.str());
+  if (lb.size() != rb.size() || lc.size() != rc.size())
+    fail("dot_general", "batch/contracting dim counts differ");
+  std::vector<int64_t> l_all = lb, r_all = rb;
+  l_all.insert(l_all.end(), lc.begin(), lc.end());
+  r_all.insert(r_all.end(), rc.begin(), rc.end());
+  check_dims("dot_general", l_all, lhs.rank());
+  check_dims("dot_general", r_all, rhs.rank());
+  for (size_t i = 0; i < l_all.size(); ++i)
+    if (lhs.shape()[l_all[i]] != rhs.shape()[r_all[i]])
+      fail("dot_general", "size mismatch lhs dim " + std::to_string(l_all[i]) + " vs rhs dim " +
+                              std::to_string(r_all[i]) + " for " + lhs.type.str() + ", " +
+                              rhs.type.str());
+  Type t{out, {}};
+  for (int64_t d : lb) t.shape.push_back(lhs.shape()[d]);
+  for (int64_t d : drop_dims(lhs.shape(), l_all)) t.shape.push_back(d);
+  for (int64_t d : drop_dims(rhs.shape(), r_all)) t.shape.push_back(d);
+  // Empty lists are omitted, as MLIR prints them.
+  std::string dn;
+  auto field = [&](const char* k, const std::vector<int64_t>& v) {
+    if (!v.empty()) dn += (dn.empty() ? "" : ", ") + std::string(k) + " = " + list(v);
+  };
+  field("lhs_batching_dimensions", lb);
+  field("rhs_batching_dimensions", rb);
+  field("lhs_contracting_dimensions", lc);
+  field("rhs_contracting_dimensions", rc);
+  return op(
+      "dot_general", {lhs, rhs},
+      "dot_dimension_numbers = #stablehlo.dot<" + dn +
+          ">, precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]",
+      t);
+}
+
+// ---------------------------------------------------------------- gather / scatter
+
+// `dims` are both the collapsed (inserted) dims and the index->operand map.
+Value Builder::gather(Value x, Value idx, const std::vector<int64_t>& offset_dims,
+                      const std::vector<int64_t>& dims, int64_t index_vector_dim,
+                      const Shape& slice_sizes, const Type& out) {
+  std::string dn = "dimension_numbers = #stablehlo.gather<";
+  if (!offset_dims.empty()) dn += "offset_dims = " + list(offset_dims) + ", ";
+  dn += "collapsed_slice_dims = " + list(dims) + ", start_index_map = " + list(dims) +
+        ", index_vector_dim = " + std::to_string(index_vector_dim) + ">";
+  return op("gather", {x, idx},
+            dn + ", indices_are_sorted = false, slice_sizes = " + arr(slice_sizes), out);
+}
+
+Value Builder::scatter(const char* who, Value x, Value idx, Value updates,
+                       const std::vector<int64_t>& dims, int64_t index_vector_dim, bool add) {
+  if (updates.dtype() != x.dtype())
+    fail(who, "updates " + updates.type.str() + " for " + x.type.str());
+  std::string attrs =
+      "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = " + list(dims) +
+      ", scatter_dims_to_operand_dims = " + list(dims) +
+      ", index_vector_dim = " + std::to_string(index_vector_dim) +
+      ">, indices_are_sorted = false, unique_indices = false";
+  Type s{x.dtype(), {}};
+  std::string body =
+      add ? reducer_region(Reducer::Add, x.dtype())
+          : region({s, s}, [](const std::vector<Value>& a) { return std::vector<Value>{a[1]}; });
+  return op("scatter", {x, idx, updates}, attrs, x.type, body);
+}
+
+Value Builder::coords(Value idx, int64_t dim, int64_t rank) {
+  Value i64 = convert(idx, DType::I64);
+  Shape s = idx.shape();
+  s.push_back(1);
+  std::vector<Value> parts;
+  for (int64_t d = 0; d < rank; ++d)
+    parts.push_back(reshape(d == dim ? i64 : iota(Type{DType::I64, idx.shape()}, d), s));
+  return concatenate(parts, rank);
+}
+
+Value Builder::take_along(Value x, Value idx, int64_t dim) {
+  int64_t r = x.rank();
+  if (!is_int(idx.dtype()) || idx.rank() != r || dim < 0 || dim >= r)
+    fail("take_along",
+         "index " + idx.type.str() + " dim " + std::to_string(dim) + " for " + x.type.str());
+  for (int64_t d = 0; d < r; ++d)
+    if (d != dim && idx.shape()[d] > x.shape()[d])
+      fail("take_along", "index " + idx.type.str() + " larger than " + x.type.str());
+  return gather(x, coords(idx, dim, r), {}, range(r), r, Shape(r, 1), Type{x.dtype(), idx.shape()});
+}
+
+Value Builder::index_select(Value x, Value idx, int64_t dim) {
+  if (!is_int(idx.dtype()) || idx.rank() != 1 || dim < 0 || dim >= x.rank())
+    fail("index_select",
+         "index " + idx.type.str() + " dim " + std::to_string(dim) + " for " + x.type.str());
+  Shape slice = x.shape(), out = x.shape();
+  slice[dim] = 1;
+  out[dim] = idx.shape()[0];
+  std::vector<int64_t> offset = range(x.rank());
+  offset.erase(offset.begin() + dim);
+  return gather(x, convert(idx, DType::I64), offset, {dim}, 1, slice, Type{x.dtype(), out});
+}
+
+Value Builder::scatter_along(Value x, Value idx, Value updates, int64_t dim, bool add) {
+  int64_t r = x.rank();
+  if (!is_int(idx.dtype()) || idx.rank() != r || updates.rank() != r || dim < 0 || dim >= r)
+    fail("scatter_along", "index " + idx.type.str() + " updates " + updates.type.str() + " dim " +
+                              std::to_string(dim) + " for " + x.type.str());
+  for (int64_t d = 0; d < r; ++d)
+    if ((d != dim && idx.shape()[d] > x.shape()[d]) || idx.shape()[d] > updates.shape()[d])
+      fail("scatter_along", "index " + idx.type.str() + " larger than updates or " + x.type.str());
+  // torch only reads the idx-shaped corner of a larger `updates`.
+  if (updates.shape() != idx.shape()) updates = slice(updates, Shape(r, 0), idx.shape(), {});
+  return scatter("scatter_along", x, coords(idx, dim, r), updates, range(r), r, add);
+}
+
+Value Builder::gather_flat(Value x, Value positions) {
+  if (x.rank() != 1 || !is_int(positions.dtype()))
+    fail("gather_flat",
+         "need rank-1 x and integer positions, got " + x.type.str() + ", " + positions.type.str());
+  return gather(x, convert(positions, DType::I64), {}, {0}, positions.rank(), {1},
+                Type{x.dtype(), positions.shape()});
+}
+
+Value Builder::scatter_flat(Value x, Value positions, Value updates, bool add) {
+  if (x.rank() != 1 || !is_int(positions.dtype()) || updates.shape() != positions.shape())
+    fail("scatter_flat", "x " + x.type.str() + " positions " + positions.type.str() + " updates " +
+                             updates.type.str());
+  return scatter("scatter_flat", x, convert(positions, DType::I64), updates, {0}, positions.rank(),
+                 add);
+}
+
+// ---------------------------------------------------------------- sort, rng
+
+// Comparator orders keys only (stable sort keeps ties in input order); NaN is
+// largest as in torch: last ascending, first descending.
+std::vector<Value> Builder::sort(const std::vector<Value>& xs, int64_t dim, bool descending) {
+  if (xs.empty()) fail("sort", "no operands");
+  if (dim < 0 || dim >= xs[0].rank())
+    fail("sort", "dim " + std::to_string(dim) + " out of range for " + xs[0].type.str());
+  std::vector<Type> args, outs;
+  for (const Value& v : xs) {
+    if (v.shape() != xs[0].shape())
+      fail("sort", "operand " + v.type.str() + " does not match " + xs[0].type.str());
+    args.insert(args.end(), 2, Type{v.dtype(), {}});
+    outs.push_back(v.type);
+  }
+  std::string body = region(args, [&](const std::vector<Value>& a) {
+    Value less = compare(descending ? Cmp::GT : Cmp::LT, a[0], a[1]);
+    if (is_float(a[0].dtype())) {
+      Value an = compare(Cmp::NE, a[0], a[0]), bn = compare(Cmp::NE, a[1], a[1]);
+      Value nan_first =
+          descending ? binary("and", an, unary("not", bn)) : binary("and", unary("not", an), bn);
+      less = binary("or", less, nan_first);
+    }
+    return std::vector<Value>{less};
+  });
+  std::string attrs = "dimension = " + std::to_string(dim) + " : i64, is_stable = true";
+  return emit_multi(generic("sort", xs, attrs, outs, body), outs);
+}
+
+std::pair<Value, Value> Builder::rng_bit_generator(Value state, const Type& type) {
+  if (state.dtype() != DType::U64 || state.rank() != 1 ||
+      (state.shape()[0] != 2 && state.shape()[0] != 3))
+    fail("rng_bit_generator", "state must be tensor<2xui64>, got " + state.type.str());
+  if (type.dtype != DType::U32 && type.dtype != DType::U64)
+    fail("rng_bit_generator", "bits must be ui32 or ui64, got " + type.str());
+  std::vector<Type> outs{state.type, type};
+  auto r = emit_multi(generic("rng_bit_generator", {state},
+                              "rng_algorithm = #stablehlo<rng_algorithm PHILOX>", outs),
+                      outs);
+  return {r[0], r[1]};
+}
+
+}  // namespace torchtpu::hlo

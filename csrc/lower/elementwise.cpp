@@ -1,0 +1,539 @@
+// Elementwise ATen ops: arithmetic, math functions, activations (and their
+// backward ops), comparisons, logical/bitwise ops, fills.
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lower/helpers.h"
+#include "lower/types.h"
+
+namespace torchtpu::lower {
+namespace {
+
+using hlo::Cmp;
+using V = std::vector<Value>;
+using Fn = std::function<Ex(Ex)>;
+
+constexpr double kPi = 3.14159265358979323846;
+constexpr double kLn2 = 0.69314718055994530942;
+constexpr double kLn10 = 2.30258509299404568402;
+
+// Tensor or Scalar argument i as a value of dtype t.
+Ex arg_as(Ctx& c, int i, DType t) {
+  if (c.arg(i).isTensor()) return Ex(c.b, c.b.convert(c.in(i), t));
+  return Ex(c.b, c.scalar(i, t));
+}
+Operand arg_operand(Ctx& c, int i) {
+  return c.arg(i).isTensor() ? operand(c.in(i)) : scalar_operand(c.arg(i));
+}
+DType math_dtype(Ctx& c) { return compute_dtype(c.out(0).dtype); }
+// add/sub's alpha (arg 2); torch rounds it to the output dtype first.
+Ex alpha(Ctx& c, const Ex& like) {
+  return Ex(c.b, c.b.convert(c.scalar(2, c.out(0).dtype), like.v.dtype()));
+}
+
+Ex is_neg(const Ex& x) { return x.cmp(Cmp::LT, x.k(0)); }
+Ex is_nan(const Ex& x) { return x.cmp(Cmp::NE, x); }
+Ex b_and(const Ex& x, const Ex& y) { return x.bin("and", y); }
+Ex b_or(const Ex& x, const Ex& y) { return x.bin("or", y); }
+Ex b_ne(const Ex& x, const Ex& y) { return x.bin("xor", y); }
+Ex as_bool(const Ex& x) { return x.v.dtype() == DType::Bool ? x : x.cmp(Cmp::NE, x.k(0)); }
+Ex flip_sign(const Ex& neg, const Ex& x) { return where(neg, -x, x); }
+
+Ex poly(const Ex& x, std::initializer_list<double> coef) {
+  std::vector<double> c(coef);
+  Ex r = x.k(c.back());
+  for (int i = static_cast<int>(c.size()) - 2; i >= 0; --i) r = r * x + c[i];
+  return r;
+}
+
+// erf/erfc from least-squares fits against libm (relative error ~1e-6 in
+// f32): erf(x) = x P(x^2) for |x| < 1, erfc(x) = exp(-x^2)/x R(1/x^2) above.
+Ex erf_small(const Ex& x) {
+  return x * poly(x * x, {1.1283791670801042, -0.3761263855282716, 0.11283783443881532,
+                          -0.026865475514885356, 0.00522113869616736, -0.0008485438917970461,
+                          0.00011274737946818936, -9.689741108473426e-06});
+}
+Ex erfc_large(const Ex& a) {  // a >= 1
+  Ex u = 1.0 / (a * a);
+  Ex r1 = poly(u, {0.5640759628387074, -0.2787110444012824, 0.3768328686305044, -0.6565427223419706,
+                   1.0709434104430156, -1.3897590417320957, 1.306483908870151, -0.8199523484943321,
+                   0.3046450158304683, -0.05043245233409011});
+  Ex r2 =
+      poly(u, {0.5641895539453298, -0.28208886136981404, 0.42268310634782785, -1.0394957456893335,
+               3.2706803732991894, -10.153916705478675, 23.18998278616685, -26.136941217692666});
+  Ex r = where(a.cmp(Cmp::LT, a.k(2.5)), r1, r2);
+  return (-(a * a)).un("exponential") / a * r;
+}
+Ex erf_(const Ex& x) {
+  Ex a = x.un("abs");
+  Ex big = flip_sign(is_neg(x), 1.0 - erfc_large(a));
+  return where(a.cmp(Cmp::LT, a.k(1)), erf_small(x), big);
+}
+Ex erfc_(const Ex& x) {
+  Ex a = x.un("abs"), e = erfc_large(a);
+  Ex big = where(is_neg(x), 2.0 - e, e);
+  return where(a.cmp(Cmp::LT, a.k(1)), 1.0 - erf_small(x), big);
+}
+// Winitzki's closed form, refined by two Halley steps on erf(x) = |y|.
+Ex erfinv_(const Ex& y) {
+  Ex a = y.un("abs");
+  Ex w = -((1.0 - a) * (1.0 + a)).un("log");
+  constexpr double ka = 0.147;
+  Ex t = 2.0 / (kPi * ka) - w * 0.5;
+  Ex x = ((t * t + w / ka).un("sqrt") - t).un("sqrt");
+  Ex hi = a.cmp(Cmp::GT, a.k(0.5));
+  for (int i = 0; i < 2; ++i) {
+    Ex f = where(hi, (1.0 - a) - erfc_(x), erf_(x) - a);
+    Ex fp = (-(x * x)).un("exponential") * (2.0 / std::sqrt(kPi));
+    x = x - f / (fp + x * f);
+  }
+  x = where(a.cmp(Cmp::EQ, a.k(1)), a.k(INFINITY), x);
+  return flip_sign(is_neg(y), x);
+}
+
+Ex trunc_(const Ex& x) { return where(is_neg(x), x.un("ceil"), x.un("floor")); }
+Ex sigmoid_(const Ex& x) { return x.un("logistic"); }
+Ex softplus_(const Ex& x, const Ex& beta, const Ex& threshold) {
+  Ex xb = x * beta;
+  return where(xb.cmp(Cmp::GT, threshold), x, xb.un("exponential").un("log_plus_one") / beta);
+}
+Ex gelu_(const Ex& x, bool tanh_approx) {
+  if (!tanh_approx) return x * 0.5 * (1.0 + erf_(x * M_SQRT1_2));
+  Ex inner = (x + x * x * x * 0.044715) * std::sqrt(2.0 / kPi);
+  return x * 0.5 * (1.0 + inner.un("tanh"));
+}
+Ex gelu_grad(const Ex& g, const Ex& x, bool tanh_approx) {
+  if (!tanh_approx) {
+    Ex cdf = 0.5 * (1.0 + erf_(x * M_SQRT1_2));
+    Ex pdf = (x * x * -0.5).un("exponential") * (1.0 / std::sqrt(2.0 * kPi));
+    return g * (cdf + x * pdf);
+  }
+  const double beta = std::sqrt(2.0 / kPi), kappa = 0.044715;
+  Ex x2 = x * x;
+  Ex th = ((x + x2 * x * kappa) * beta).un("tanh");
+  Ex right = 1.0 + th;
+  Ex dinner = (1.0 + x2 * (3.0 * kappa)) * beta;
+  return g * (right * 0.5 + x * 0.5 * (1.0 - th * th) * dinner);
+}
+
+// Float math functions on a value already in the compute dtype.
+const std::vector<std::pair<const char*, Fn>>& float_unary() {
+  static const std::vector<std::pair<const char*, Fn>> t = {
+      {"exp", [](Ex x) { return x.un("exponential"); }},
+      {"expm1", [](Ex x) { return x.un("exponential_minus_one"); }},
+      {"exp2", [](Ex x) { return x.k(2).bin("power", x); }},
+      {"log", [](Ex x) { return x.un("log"); }},
+      {"log1p", [](Ex x) { return x.un("log_plus_one"); }},
+      {"log2", [](Ex x) { return x.un("log") * (1.0 / kLn2); }},
+      {"log10", [](Ex x) { return x.un("log") * (1.0 / kLn10); }},
+      {"sqrt", [](Ex x) { return x.un("sqrt"); }},
+      {"rsqrt", [](Ex x) { return x.un("rsqrt"); }},
+      {"reciprocal", [](Ex x) { return 1.0 / x; }},
+      {"sin", [](Ex x) { return x.un("sine"); }},
+      {"cos", [](Ex x) { return x.un("cosine"); }},
+      {"tan", [](Ex x) { return x.un("tan"); }},
+      {"asin", [](Ex x) { return x.bin("atan2", ((1.0 - x) * (1.0 + x)).un("sqrt")); }},
+      {"acos", [](Ex x) { return ((1.0 - x) * (1.0 + x)).un("sqrt").bin("atan2", x); }},
+      {"atan", [](Ex x) { return x.bin("atan2", x.k(1)); }},
+      {"sinh",
+       [](Ex x) {
+         Ex a = x.un("abs"), e = (a * 0.5).un("exponential");
+         Ex big = e * (e * 0.5) - 0.5 / (e * e);
+         Ex small = (x.un("exponential_minus_one") - (-x).un("exponential_minus_one")) * 0.5;
+         return where(a.cmp(Cmp::LT, a.k(1)), small, flip_sign(is_neg(x), big));
+       }},
+      {"cosh",
+       [](Ex x) {
+         Ex e = (x.un("abs") * 0.5).un("exponential");
+         return e * (e * 0.5) + 0.5 / (e * e);
+       }},
+      {"tanh", [](Ex x) { return x.un("tanh"); }},
+      {"asinh",
+       [](Ex x) {
+         Ex a = x.un("abs");
+         Ex r = (a + a * a / (1.0 + (1.0 + a * a).un("sqrt"))).un("log_plus_one");
+         r = where(a.cmp(Cmp::GT, a.k(std::ldexp(1.0, 30))), a.un("log") + kLn2, r);
+         return flip_sign(is_neg(x), r);
+       }},
+      {"acosh",
+       [](Ex x) {
+         Ex y = x - 1.0;
+         Ex r = (y + (y * (y + 2.0)).un("sqrt")).un("log_plus_one");
+         return where(x.cmp(Cmp::GT, x.k(std::ldexp(1.0, 30))), x.un("log") + kLn2, r);
+       }},
+      {"atanh",
+       [](Ex x) {
+         Ex a = x.un("abs");
+         return flip_sign(is_neg(x), (2.0 * a / (1.0 - a)).un("log_plus_one") * 0.5);
+       }},
+      {"erf", erf_},
+      {"erfc", erfc_},
+      {"erfinv", erfinv_},
+      {"sigmoid", sigmoid_},
+      {"silu", [](Ex x) { return x * sigmoid_(x); }},
+      {"mish", [](Ex x) { return x * softplus_(x, x.k(1), x.k(20)).un("tanh"); }},
+      {"frac", [](Ex x) { return x - trunc_(x); }},
+  };
+  return t;
+}
+
+// Ops that keep integer dtypes (identity or exact integer math on ints).
+const std::vector<std::pair<const char*, Fn>>& any_unary() {
+  static const std::vector<std::pair<const char*, Fn>> t = {
+      {"neg", [](Ex x) { return -x; }},
+      {"abs",
+       [](Ex x) {
+         return x.v.dtype() == DType::Bool || is_unsigned(x.v.dtype()) ? x : x.un("abs");
+       }},
+      {"sign",
+       [](Ex x) {
+         if (x.v.dtype() == DType::Bool) return x;
+         // torch: (0 < x) - (x < 0), so NaN maps to 0.
+         Ex gt = x.k(0).cmp(Cmp::LT, x).to(x.v.dtype()), lt = is_neg(x).to(x.v.dtype());
+         return gt - lt;
+       }},
+      {"floor", [](Ex x) { return is_float(x.v.dtype()) ? x.un("floor") : x; }},
+      {"ceil", [](Ex x) { return is_float(x.v.dtype()) ? x.un("ceil") : x; }},
+      {"round", [](Ex x) { return is_float(x.v.dtype()) ? x.un("round_nearest_even") : x; }},
+      {"trunc", [](Ex x) { return is_float(x.v.dtype()) ? trunc_(x) : x; }},
+      {"fix", [](Ex x) { return is_float(x.v.dtype()) ? trunc_(x) : x; }},
+      {"relu", [](Ex x) { return maximum(x, x.k(0)); }},
+      {"bitwise_not", [](Ex x) { return x.un("not"); }},
+      {"clone", [](Ex x) { return x; }},
+      {"positive", [](Ex x) { return x; }},
+  };
+  return t;
+}
+
+// a // b with Python semantics.
+Ex floor_div(const Ex& a, const Ex& b) {
+  DType t = a.v.dtype();
+  if (is_float(t)) {
+    Ex mod = a.bin("remainder", b);
+    Ex div = (a - mod) / b;
+    Ex fix = b_and(mod.cmp(Cmp::NE, mod.k(0)), b_ne(is_neg(b), is_neg(mod)));
+    div = where(fix, div - 1.0, div);
+    Ex fl = div.un("floor");
+    fl = where((div - fl).cmp(Cmp::GT, fl.k(0.5)), fl + 1.0, fl);
+    Ex q = a / b;
+    fl = where(div.cmp(Cmp::EQ, div.k(0)), q * 0.0, fl);
+    return where(b.cmp(Cmp::EQ, b.k(0)), q, fl);
+  }
+  if (is_unsigned(t) || t == DType::Bool) return a / b;
+  Ex q = a / b, r = a.bin("remainder", b);
+  Ex fix = b_and(r.cmp(Cmp::NE, r.k(0)), b_ne(is_neg(r), is_neg(b)));
+  return where(fix, q - q.k(1), q);
+}
+Ex py_remainder(const Ex& a, const Ex& b) {
+  Ex r = a.bin("remainder", b);
+  if (is_unsigned(a.v.dtype())) return r;
+  Ex fix = b_and(r.cmp(Cmp::NE, r.k(0)), b_ne(is_neg(r), is_neg(b)));
+  return where(fix, r + b, r);
+}
+
+// Registers `name` for each overload suffix with a two-input body; inputs at
+// args 0 and 1 (Tensor or Scalar) come converted to the compute dtype.
+void binary(const char* name, std::initializer_list<const char*> overloads,
+            std::function<Ex(Ctx&, Ex, Ex)> f) {
+  for (const char* ov : overloads) {
+    std::string n = std::string(name) + (*ov ? "." : "") + ov;
+    reg(n, [f](Ctx& c) -> V {
+      DType t = math_dtype(c);
+      return {f(c, arg_as(c, 0, t), arg_as(c, 1, t))};
+    });
+  }
+}
+
+void compare(const char* name, Cmp dir) {
+  for (const char* ov : {".Tensor", ".Scalar"}) {
+    reg(std::string(name) + ov, [dir](Ctx& c) -> V {
+      DType t = result_type({arg_operand(c, 0), arg_operand(c, 1)});
+      return {arg_as(c, 0, t).cmp(dir, arg_as(c, 1, t))};
+    });
+  }
+}
+
+TPU_LOWERING(elementwise_arith) {
+  binary("add", {"Tensor", "Scalar"}, [](Ctx& c, Ex x, Ex y) { return x + y * alpha(c, x); });
+  binary("sub", {"Tensor", "Scalar"}, [](Ctx& c, Ex x, Ex y) { return x - y * alpha(c, x); });
+  binary("rsub", {"Tensor", "Scalar"}, [](Ctx& c, Ex x, Ex y) { return y - x * alpha(c, x); });
+  binary("mul", {"Tensor", "Scalar"}, [](Ctx&, Ex x, Ex y) { return x * y; });
+  binary("div", {"Tensor", "Scalar"}, [](Ctx&, Ex x, Ex y) { return x / y; });
+  binary("div", {"Tensor_mode", "Scalar_mode"}, [](Ctx& c, Ex x, Ex y) {
+    if (c.is_none(2)) return x / y;
+    std::string mode = c.arg(2).toStringRef();
+    if (mode == "floor") return floor_div(x, y);
+    return is_float(x.v.dtype()) ? trunc_(x / y) : x / y;
+  });
+  binary("floor_divide", {"", "Scalar"}, [](Ctx&, Ex x, Ex y) { return floor_div(x, y); });
+  binary("remainder", {"Tensor", "Scalar", "Scalar_Tensor"},
+         [](Ctx&, Ex x, Ex y) { return py_remainder(x, y); });
+  binary("fmod", {"Tensor", "Scalar"}, [](Ctx&, Ex x, Ex y) { return x.bin("remainder", y); });
+  binary("pow", {"Tensor_Tensor", "Tensor_Scalar", "Scalar"},
+         [](Ctx&, Ex x, Ex y) { return x.bin("power", y); });
+  binary("atan2", {""}, [](Ctx&, Ex x, Ex y) { return x.bin("atan2", y); });
+  binary("arctan2", {""}, [](Ctx&, Ex x, Ex y) { return x.bin("atan2", y); });
+  binary("hypot", {""}, [](Ctx&, Ex x, Ex y) {
+    // Scaled to avoid overflow in x*x + y*y.
+    Ex ax = x.un("abs"), ay = y.un("abs");
+    Ex m = maximum(ax, ay), n = minimum(ax, ay), r = n / m;
+    Ex h = m * (1.0 + r * r).un("sqrt");
+    h = where(m.cmp(Cmp::EQ, m.k(0)), m, h);
+    return where(m.cmp(Cmp::EQ, m.k(INFINITY)), m, h);
+  });
+  binary("maximum", {""},
+         [](Ctx&, Ex x, Ex y) { return x.v.dtype() == DType::Bool ? b_or(x, y) : maximum(x, y); });
+  binary("minimum", {""},
+         [](Ctx&, Ex x, Ex y) { return x.v.dtype() == DType::Bool ? b_and(x, y) : minimum(x, y); });
+  binary("max", {"other"},
+         [](Ctx&, Ex x, Ex y) { return x.v.dtype() == DType::Bool ? b_or(x, y) : maximum(x, y); });
+  binary("min", {"other"},
+         [](Ctx&, Ex x, Ex y) { return x.v.dtype() == DType::Bool ? b_and(x, y) : minimum(x, y); });
+  binary("fmax", {""},
+         [](Ctx&, Ex x, Ex y) { return where(is_nan(x), y, where(is_nan(y), x, maximum(x, y))); });
+  binary("fmin", {""},
+         [](Ctx&, Ex x, Ex y) { return where(is_nan(x), y, where(is_nan(y), x, minimum(x, y))); });
+  binary("clamp_min", {"", "Tensor"}, [](Ctx&, Ex x, Ex lo) { return maximum(x, lo); });
+  binary("clamp_max", {"", "Tensor"}, [](Ctx&, Ex x, Ex hi) { return minimum(x, hi); });
+  for (const char* n : {"clamp", "clamp.Tensor", "clip", "clip.Tensor"}) {
+    reg(n, [](Ctx& c) -> V {
+      DType t = math_dtype(c);
+      Ex x = arg_as(c, 0, t);
+      if (!c.is_none(1)) x = maximum(x, arg_as(c, 1, t));
+      if (!c.is_none(2)) x = minimum(x, arg_as(c, 2, t));
+      return {x};
+    });
+  }
+  for (const char* n : {"lerp.Scalar", "lerp.Tensor"}) {
+    reg(n, [](Ctx& c) -> V {
+      DType t = math_dtype(c);
+      Ex a = arg_as(c, 0, t), e = arg_as(c, 1, t), w = arg_as(c, 2, t);
+      // torch's two-sided form keeps lerp exact at both ends.
+      Ex d = e - a;
+      return {where(w.un("abs").cmp(Cmp::LT, w.k(0.5)), a + w * d, e - d * (1.0 - w))};
+    });
+  }
+  reg("addcmul", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    return {arg_as(c, 0, t) + arg_as(c, 3, t) * arg_as(c, 1, t) * arg_as(c, 2, t)};
+  });
+  reg("addcdiv", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    return {arg_as(c, 0, t) + arg_as(c, 3, t) * arg_as(c, 1, t) / arg_as(c, 2, t)};
+  });
+  reg("round.decimals", [](Ctx& c) -> V {
+    Ex x = arg_as(c, 0, math_dtype(c));
+    int64_t d = c.i64(1);
+    if (!is_float(x.v.dtype()) || d == 0)
+      return {is_float(x.v.dtype()) ? x.un("round_nearest_even") : x};
+    double p = std::pow(10.0, static_cast<double>(std::llabs(d)));
+    return {d > 0 ? (x * p).un("round_nearest_even") / p : (x / p).un("round_nearest_even") * p};
+  });
+}
+
+TPU_LOWERING(elementwise_unary) {
+  for (const auto& [name, fn] : float_unary()) {
+    Fn f = fn;
+    reg(name, [f](Ctx& c) -> V { return {f(arg_as(c, 0, math_dtype(c)))}; });
+  }
+  for (const auto& [name, fn] : any_unary()) {
+    Fn f = fn;
+    reg(name, [f](Ctx& c) -> V { return {f(arg_as(c, 0, math_dtype(c)))}; });
+  }
+  reg("sgn", *find_rule("sign"));
+  reg("gelu", [](Ctx& c) -> V {
+    return {gelu_(arg_as(c, 0, math_dtype(c)), c.arg(1).toStringRef() == "tanh")};
+  });
+  reg("elu", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex x = arg_as(c, 0, t), alpha = arg_as(c, 1, t), scale = arg_as(c, 2, t),
+       iscale = arg_as(c, 3, t);
+    Ex neg = (x * iscale).un("exponential_minus_one") * alpha * scale;
+    return {where(x.cmp(Cmp::GT, x.k(0)), x * scale, neg)};
+  });
+  reg("leaky_relu", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex x = arg_as(c, 0, t);
+    return {where(x.cmp(Cmp::GT, x.k(0)), x, x * arg_as(c, 1, t))};
+  });
+  reg("hardtanh", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    return {minimum(maximum(arg_as(c, 0, t), arg_as(c, 1, t)), arg_as(c, 2, t))};
+  });
+  reg("softplus", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    return {softplus_(arg_as(c, 0, t), arg_as(c, 1, t), arg_as(c, 2, t))};
+  });
+  reg("threshold", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex x = arg_as(c, 0, t);
+    return {where(x.cmp(Cmp::LE, arg_as(c, 1, t)), arg_as(c, 2, t), x)};
+  });
+  reg("hardsigmoid", [](Ctx& c) -> V {
+    Ex x = arg_as(c, 0, math_dtype(c));
+    return {minimum(maximum(x + 3.0, x.k(0)), x.k(6)) / 6.0};
+  });
+  reg("hardswish", [](Ctx& c) -> V {
+    Ex x = arg_as(c, 0, math_dtype(c));
+    return {x * minimum(maximum(x + 3.0, x.k(0)), x.k(6)) / 6.0};
+  });
+}
+
+TPU_LOWERING(elementwise_backward) {
+  // (grad_output, self_or_result, ...) -> grad_input.
+  reg("gelu_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    return {gelu_grad(arg_as(c, 0, t), arg_as(c, 1, t), c.arg(2).toStringRef() == "tanh")};
+  });
+  reg("silu_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t), s = sigmoid_(x);
+    return {g * s * (1.0 + x * (1.0 - s))};
+  });
+  reg("mish_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
+    Ex th = softplus_(x, x.k(1), x.k(20)).un("tanh");
+    return {g * (th + x * sigmoid_(x) * (1.0 - th * th))};
+  });
+  reg("threshold_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
+    return {where(x.cmp(Cmp::LE, arg_as(c, 2, t)), g.k(0), g)};
+  });
+  reg("tanh_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), y = arg_as(c, 1, t);
+    return {g * (1.0 - y * y)};
+  });
+  reg("sigmoid_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), y = arg_as(c, 1, t);
+    return {g * (1.0 - y) * y};
+  });
+  reg("elu_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), alpha = arg_as(c, 1, t), scale = arg_as(c, 2, t),
+       iscale = arg_as(c, 3, t), x = arg_as(c, 5, t);
+    Ex nonpos = x.cmp(Cmp::LE, x.k(0));
+    if (c.flag(4))  // x is the forward result
+      return {where(nonpos, g * iscale * (x + alpha * scale), g * scale)};
+    return {where(nonpos, g * iscale * alpha * scale * (x * iscale).un("exponential"), g * scale)};
+  });
+  reg("leaky_relu_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
+    return {where(x.cmp(Cmp::GT, x.k(0)), g, g * arg_as(c, 2, t))};
+  });
+  reg("hardtanh_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
+    Ex out = b_or(x.cmp(Cmp::LE, arg_as(c, 2, t)), x.cmp(Cmp::GE, arg_as(c, 3, t)));
+    return {where(out, g.k(0), g)};
+  });
+  reg("softplus_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t), beta = arg_as(c, 2, t);
+    Ex xb = x * beta, z = xb.un("exponential");
+    return {where(xb.cmp(Cmp::GT, arg_as(c, 3, t)), g, g * z / (z + 1.0))};
+  });
+  reg("hardsigmoid_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
+    Ex in = b_and(x.cmp(Cmp::GT, x.k(-3)), x.cmp(Cmp::LT, x.k(3)));
+    return {where(in, g / 6.0, g.k(0))};
+  });
+  reg("hardswish_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
+    Ex mid = where(x.cmp(Cmp::LE, x.k(3)), g * (x / 3.0 + 0.5), g);
+    return {where(x.cmp(Cmp::LT, x.k(-3)), g.k(0), mid)};
+  });
+}
+
+TPU_LOWERING(elementwise_logic) {
+  compare("eq", Cmp::EQ);
+  compare("ne", Cmp::NE);
+  compare("lt", Cmp::LT);
+  compare("le", Cmp::LE);
+  compare("gt", Cmp::GT);
+  compare("ge", Cmp::GE);
+  const std::pair<const char*, const char*> logic[] = {
+      {"logical_and", "and"}, {"logical_or", "or"}, {"logical_xor", "xor"}};
+  for (auto [name, op] : logic) {
+    const char* o = op;
+    reg(name,
+        [o](Ctx& c) -> V { return {as_bool(Ex(c.b, c.in(0))).bin(o, as_bool(Ex(c.b, c.in(1))))}; });
+  }
+  reg("logical_not", [](Ctx& c) -> V { return {as_bool(Ex(c.b, c.in(0))).un("not")}; });
+  for (auto [name, op] : {std::pair{"bitwise_and", "and"}, std::pair{"bitwise_or", "or"},
+                          std::pair{"bitwise_xor", "xor"}}) {
+    const char* o = op;
+    binary(name, {"Tensor", "Scalar", "Scalar_Tensor"},
+           [o](Ctx&, Ex x, Ex y) { return x.bin(o, y); });
+  }
+  reg("isnan", [](Ctx& c) -> V {
+    Ex x(c.b, c.in(0));
+    return {is_float(x.v.dtype()) ? is_nan(x) : Ex(c.b, c.b.splat(0, c.out(0)))};
+  });
+  reg("isinf", [](Ctx& c) -> V {
+    Ex x(c.b, c.in(0));
+    if (!is_float(x.v.dtype())) return {c.b.splat(0, c.out(0))};
+    return {x.un("abs").cmp(Cmp::EQ, x.k(INFINITY))};
+  });
+  reg("isposinf", [](Ctx& c) -> V {
+    Ex x(c.b, c.in(0));
+    if (!is_float(x.v.dtype())) return {c.b.splat(0, c.out(0))};
+    return {x.cmp(Cmp::EQ, x.k(INFINITY))};
+  });
+  reg("isneginf", [](Ctx& c) -> V {
+    Ex x(c.b, c.in(0));
+    if (!is_float(x.v.dtype())) return {c.b.splat(0, c.out(0))};
+    return {x.cmp(Cmp::EQ, x.k(-INFINITY))};
+  });
+  reg("isfinite", [](Ctx& c) -> V {
+    Ex x(c.b, c.in(0));
+    if (!is_float(x.v.dtype())) return {c.b.splat(1, c.out(0))};
+    return {x.un("is_finite")};
+  });
+  reg("nan_to_num", [](Ctx& c) -> V {
+    Ex x(c.b, c.in(0));
+    DType t = x.v.dtype();
+    if (!is_float(t)) return {x};
+    double big = t == DType::F64    ? 1.7976931348623157e308
+                 : t == DType::F32  ? 3.4028234663852886e38
+                 : t == DType::BF16 ? 3.3895313892515355e38
+                                    : 65504.0;
+    double nan = c.is_none(1) ? 0.0 : c.f64(1);
+    double pinf = c.is_none(2) ? big : c.f64(2), ninf = c.is_none(3) ? -big : c.f64(3);
+    x = where(is_nan(x), x.k(nan), x);
+    x = where(x.cmp(Cmp::EQ, x.k(INFINITY)), x.k(pinf), x);
+    return {where(x.cmp(Cmp::EQ, x.k(-INFINITY)), x.k(ninf), x)};
+  });
+}
+
+TPU_LOWERING(elementwise_select) {
+  for (const char* n : {"where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar"}) {
+    reg(n, [](Ctx& c) -> V {
+      DType t = c.out(0).dtype;
+      return {where(Ex(c.b, c.in(0)), arg_as(c, 1, t), arg_as(c, 2, t))};
+    });
+  }
+  for (const char* n : {"masked_fill.Scalar", "masked_fill.Tensor"}) {
+    reg(n, [](Ctx& c) -> V {
+      DType t = c.out(0).dtype;
+      return {where(Ex(c.b, c.in(1)), arg_as(c, 2, t), arg_as(c, 0, t))};
+    });
+  }
+  for (const char* n : {"fill.Scalar", "fill.Tensor"}) {
+    reg(n, [](Ctx& c) -> V {
+      return {broadcast_to(c.b, arg_as(c, 1, c.out(0).dtype), c.out(0).shape)};
+    });
+  }
+  reg("zero", [](Ctx& c) -> V { return {c.b.splat(0, c.out(0))}; });
+}
+
+}  // namespace
+}  // namespace torchtpu::lower

@@ -1,0 +1,169 @@
+// Indexing ops: index_select, gather/scatter, advanced indexing (index.Tensor,
+// index_put) with integer index tensors.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "lower/helpers.h"
+#include "lower/types.h"
+
+namespace torchtpu::lower {
+namespace {
+
+using hlo::Cmp;
+using V = std::vector<Value>;
+
+std::vector<int64_t> iota_vec(int64_t n) {
+  std::vector<int64_t> r(n);
+  for (int64_t i = 0; i < n; ++i) r[i] = i;
+  return r;
+}
+
+// Integer index as i64 with negative entries counted from the end of `size`.
+Value wrap_index(Builder& b, Value idx, int64_t size) {
+  Ex i(b, b.convert(idx, DType::I64));
+  return where(i.cmp(Cmp::LT, i.k(0)), i + static_cast<double>(size), i);
+}
+Value at_least_1d(Builder& b, Value x) { return x.rank() == 0 ? b.reshape(x, {1}) : x; }
+
+// Advanced indexing plan: x transposed to [indexed dims..., other dims...]
+// with the indexed dims flattened into one, and flat row positions.
+struct IndexPlan {
+  std::vector<int64_t> perm;  // transpose of x putting indexed dims first
+  Shape rest;                 // sizes of the other dims, in order
+  int64_t rows = 1;           // product of the indexed dim sizes
+  Shape bshape;               // broadcast shape of the index tensors
+  Value pos;                  // i64 [bshape] flat row positions
+  int64_t front = 0;          // where torch puts the index dims in the result
+};
+
+IndexPlan plan_index(Builder& b, Value x, const std::vector<Value>& idx) {
+  IndexPlan p;
+  std::vector<int64_t> dims;
+  for (size_t d = 0; d < idx.size(); ++d) {
+    if (!idx[d].valid()) continue;
+    if (idx[d].dtype() == DType::Bool)
+      throw hlo::BuildError("[lower] index with a bool mask has a data-dependent shape");
+    dims.push_back(static_cast<int64_t>(d));
+    p.bshape = broadcast_shapes(p.bshape, idx[d].shape());
+  }
+  bool adjacent = !dims.empty() && dims.back() - dims.front() + 1 == (int64_t)dims.size();
+  p.front = adjacent ? dims.front() : 0;
+  p.perm = dims;
+  for (int64_t d = 0; d < x.rank(); ++d)
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) {
+      p.perm.push_back(d);
+      p.rest.push_back(x.shape()[d]);
+    }
+  Ex pos(b, b.splat(0, Type{DType::I64, p.bshape}));
+  for (int64_t d : dims) {
+    int64_t size = x.shape()[d];
+    Ex i(b, broadcast_to(b, wrap_index(b, idx[d], size), p.bshape));
+    pos = pos * static_cast<double>(size) + i;
+    p.rows *= size;
+  }
+  p.pos = pos;
+  return p;
+}
+Value flat_rows(Builder& b, Value x, const IndexPlan& p) {
+  Shape s{p.rows};
+  s.insert(s.end(), p.rest.begin(), p.rest.end());
+  return b.reshape(b.transpose(x, p.perm), s);
+}
+// Permutation from [B..., rest...] to torch's result order.
+std::vector<int64_t> result_perm(const IndexPlan& p) {
+  int64_t nb = static_cast<int64_t>(p.bshape.size()), nr = static_cast<int64_t>(p.rest.size());
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < p.front; ++i) perm.push_back(nb + i);
+  for (int64_t i = 0; i < nb; ++i) perm.push_back(i);
+  for (int64_t i = p.front; i < nr; ++i) perm.push_back(nb + i);
+  return perm;
+}
+
+Value index_tensor(Builder& b, Value x, const std::vector<Value>& idx) {
+  IndexPlan p = plan_index(b, x, idx);
+  int64_t n = Type{DType::I64, p.bshape}.numel();
+  Value rows = b.index_select(flat_rows(b, x, p), b.reshape(p.pos, {n}), 0);
+  Shape s = p.bshape;
+  s.insert(s.end(), p.rest.begin(), p.rest.end());
+  return b.transpose(b.reshape(rows, s), result_perm(p));
+}
+
+Value index_put(Builder& b, Value x, const std::vector<Value>& idx, Value vals, bool acc) {
+  IndexPlan p = plan_index(b, x, idx);
+  int64_t n = Type{DType::I64, p.bshape}.numel(), rn = Type{DType::I64, p.rest}.numel();
+  // Values broadcast to the indexing result (torch order), then moved to [B..., rest...].
+  Shape res = p.bshape;
+  res.insert(res.end(), p.rest.begin(), p.rest.end());
+  std::vector<int64_t> rp = result_perm(p), inv(rp.size());
+  Shape torch_shape;
+  for (int64_t d : rp) torch_shape.push_back(res[d]);
+  for (size_t i = 0; i < rp.size(); ++i) inv[rp[i]] = static_cast<int64_t>(i);
+  vals = b.transpose(broadcast_to(b, b.convert(vals, x.dtype()), torch_shape), inv);
+  vals = b.reshape(vals, {n, rn});
+  Value rows = b.reshape(flat_rows(b, x, p), {p.rows, rn});
+  Value pos = broadcast_to(b, b.reshape(p.pos, {n, 1}), {n, rn});
+  Value out = b.scatter_along(rows, pos, vals, 0, acc);
+  Shape ts;
+  for (int64_t d : p.perm) ts.push_back(x.shape()[d]);
+  std::vector<int64_t> back(p.perm.size());
+  for (size_t i = 0; i < p.perm.size(); ++i) back[p.perm[i]] = static_cast<int64_t>(i);
+  return b.transpose(b.reshape(out, ts), back);
+}
+
+// Index vector along `dim` broadcast to `shape` (for index_add / index_copy).
+Value along(Builder& b, Value idx, const Shape& shape, int64_t dim) {
+  return b.broadcast_in_dim(b.reshape(idx, {shape[dim]}), shape, {dim});
+}
+
+TPU_LOWERING(index_ops) {
+  // (self, dim, index)
+  reg("index_select", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = at_least_1d(b, c.in(0));
+    int64_t dim = wrap_dim(c.i64(1), x.rank());
+    Value idx = c.in(2);
+    idx = b.reshape(wrap_index(b, idx, x.shape()[dim]), {idx.type.numel()});
+    return {b.index_select(x, idx, dim)};
+  });
+  // (self, dim, index, *, sparse_grad)
+  reg("gather", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = at_least_1d(b, c.in(0)), idx = at_least_1d(b, c.in(2));
+    int64_t dim = wrap_dim(c.i64(1), x.rank());
+    return {b.take_along(x, wrap_index(b, idx, x.shape()[dim]), dim)};
+  });
+  // (self, dim, index, src|value)
+  for (const char* n : {"scatter.src", "scatter.value", "scatter_add"}) {
+    bool add = std::string(n) == "scatter_add";
+    reg(n, [add](Ctx& c) -> V {
+      Builder& b = c.b;
+      Value x = at_least_1d(b, c.in(0)), idx = at_least_1d(b, c.in(2));
+      int64_t dim = wrap_dim(c.i64(1), x.rank());
+      Value src = c.arg(3).isTensor() ? at_least_1d(b, b.convert(c.in(3), x.dtype()))
+                                      : broadcast_to(b, c.scalar(3, x.dtype()), idx.shape());
+      return {b.scatter_along(x, wrap_index(b, idx, x.shape()[dim]), src, dim, add)};
+    });
+  }
+  // (self, dim, index, source, *, alpha) / (self, dim, index, source)
+  for (const char* n : {"index_add", "index_copy"}) {
+    bool add = std::string(n) == "index_add";
+    reg(n, [add](Ctx& c) -> V {
+      Builder& b = c.b;
+      Value x = at_least_1d(b, c.in(0));
+      int64_t dim = wrap_dim(c.i64(1), x.rank());
+      Value src = at_least_1d(b, b.convert(c.in(3), x.dtype()));
+      if (add) src = Ex(b, src) * Ex(b, c.scalar(4, x.dtype()));
+      Value idx = along(b, wrap_index(b, c.in(2), x.shape()[dim]), src.shape(), dim);
+      return {b.scatter_along(x, idx, src, dim, add)};
+    });
+  }
+  reg("index.Tensor", [](Ctx& c) -> V { return {index_tensor(c.b, c.in(0), c.list(1))}; });
+  // (self, indices, values, accumulate[, unsafe])
+  for (const char* n : {"index_put", "_index_put_impl"}) {
+    reg(n, [](Ctx& c) -> V { return {index_put(c.b, c.in(0), c.list(1), c.in(2), c.flag(3))}; });
+  }
+}
+
+}  // namespace
+}  // namespace torchtpu::lower

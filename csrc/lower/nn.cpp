@@ -1,0 +1,318 @@
+// Neural-network ops: matmuls, layer norm, dropout, losses, embedding backward.
+#include <string>
+#include <vector>
+
+#include "lower/helpers.h"
+#include "lower/types.h"
+
+namespace torchtpu::lower {
+namespace {
+
+using hlo::Cmp;
+using hlo::Reducer;
+using V = std::vector<Value>;
+
+Ex in_as(Ctx& c, int i, DType t) { return Ex(c.b, c.b.convert(c.in(i), t)); }
+DType math_dtype(Ctx& c, int k = 0) { return compute_dtype(c.out(k).dtype); }
+Ex sum(const Ex& x, const std::vector<int64_t>& dims, bool keepdim = false) {
+  return Ex(*x.b, reduce_sum(*x.b, x.v, dims, keepdim));
+}
+Ex sum_all(const Ex& x) { return sum(x, reduce_dims({}, x.v.rank())); }
+std::vector<int64_t> range(int64_t from, int64_t to) {
+  std::vector<int64_t> r;
+  for (int64_t i = from; i < to; ++i) r.push_back(i);
+  return r;
+}
+Ex zeros(Ctx& c, int k) { return Ex(c.b, c.b.splat(0, c.out(k))); }
+
+// beta * self + alpha * product; beta == 0 ignores self (even NaN), as torch does.
+Ex add_scaled(Ctx& c, Ex self, Ex prod, int beta_arg, int alpha_arg) {
+  DType t = prod.v.dtype();
+  Ex beta(c.b, c.scalar(beta_arg, t)), alpha(c.b, c.scalar(alpha_arg, t));
+  Ex s = where(beta.cmp(Cmp::EQ, beta.k(0)), self.k(0), self * beta);
+  return s + prod * alpha;
+}
+
+// Torch reductions: 0 none, 1 mean, 2 sum.
+Ex reduce_loss(const Ex& l, int64_t reduction) {
+  if (reduction == 0) return l;
+  Ex s = sum_all(l);
+  return reduction == 1 ? s / static_cast<double>(l.v.type.numel()) : s;
+}
+
+TPU_LOWERING(nn_matmul) {
+  for (const char* n : {"mm", "bmm", "dot", "mv", "vdot"}) {
+    reg(n, [](Ctx& c) -> V {
+      DType t = math_dtype(c);
+      // Inputs stay in their dtype; the dot accumulates in t (f32 for bf16).
+      DType in = promote(c.in(0).dtype(), c.in(1).dtype());
+      return {matmul(c.b, c.b.convert(c.in(0), in), c.b.convert(c.in(1), in), t)};
+    });
+  }
+  // (self, a, b, *, beta, alpha)
+  for (const char* n : {"addmm", "baddbmm", "addmv"}) {
+    reg(n, [](Ctx& c) -> V {
+      DType t = math_dtype(c);
+      DType in = promote(c.in(1).dtype(), c.in(2).dtype());
+      Ex prod(c.b, matmul(c.b, c.b.convert(c.in(1), in), c.b.convert(c.in(2), in), t));
+      return {add_scaled(c, in_as(c, 0, t), prod, 3, 4)};
+    });
+  }
+  reg("addbmm", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    DType in = promote(c.in(1).dtype(), c.in(2).dtype());
+    Ex prod(c.b, matmul(c.b, c.b.convert(c.in(1), in), c.b.convert(c.in(2), in), t));
+    return {add_scaled(c, in_as(c, 0, t), sum(prod, {0}), 3, 4)};
+  });
+}
+
+TPU_LOWERING(nn_layer_norm) {
+  // (input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+  reg("native_layer_norm", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex x = in_as(c, 0, t);
+    int64_t r = x.v.rank(), k = static_cast<int64_t>(c.ints(1).size());
+    auto axes = range(r - k, r);
+    double n = 1;
+    for (int64_t a : axes) n *= static_cast<double>(x.v.shape()[a]);
+    Ex mean = sum(x, axes, true) / n;
+    Ex d = x - mean;
+    Ex rstd = (sum(d * d, axes, true) / n + c.f64(4)).un("rsqrt");
+    Ex y = d * rstd;
+    if (!c.is_none(2)) y = y * in_as(c, 2, t);
+    if (!c.is_none(3)) y = y + in_as(c, 3, t);
+    return {y, mean, rstd};
+  });
+  // (grad_out, input, normalized_shape, mean, rstd, weight?, bias?, output_mask[3])
+  reg("native_layer_norm_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = in_as(c, 0, t), x = in_as(c, 1, t);
+    int64_t r = x.v.rank(), k = static_cast<int64_t>(c.ints(2).size());
+    auto axes = range(r - k, r), lead = range(0, r - k);
+    double n = 1;
+    for (int64_t a : axes) n *= static_cast<double>(x.v.shape()[a]);
+    Ex mean = in_as(c, 3, t), rstd = in_as(c, 4, t);
+    mean = Ex(c.b, c.b.reshape(mean.v, reduced_shape(x.v.shape(), axes, true)));
+    rstd = Ex(c.b, c.b.reshape(rstd.v, reduced_shape(x.v.shape(), axes, true)));
+    Ex xhat = (x - mean) * rstd;
+    auto mask = c.arg(7).toBoolList();
+    V out;
+    Ex gw = c.is_none(5) ? g : g * in_as(c, 5, t);
+    if (mask.get(0)) {
+      Ex dx = (gw - sum(gw, axes, true) / n - xhat * (sum(gw * xhat, axes, true) / n)) * rstd;
+      out.push_back(dx);
+    } else {
+      out.push_back(zeros(c, 0));
+    }
+    out.push_back(mask.get(1) ? sum(g * xhat, lead).v : zeros(c, 1).v);
+    out.push_back(mask.get(2) ? sum(g, lead).v : zeros(c, 2).v);
+    return out;
+  });
+}
+
+// Per-channel stats (channel dim 1) reshaped to broadcast against x.
+Ex channel(Ctx& c, int i, const Value& x, DType t) {
+  Shape s(x.rank(), 1);
+  s[1] = x.shape()[1];
+  return Ex(c.b, c.b.reshape(c.b.convert(c.in(i), t), s));
+}
+
+TPU_LOWERING(nn_batch_norm) {
+  // (input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
+  //   -> (out, save_mean, save_invstd). Running stats are not updated here.
+  reg("native_batch_norm", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex x = in_as(c, 0, t);
+    std::vector<int64_t> axes = range(0, x.v.rank());
+    axes.erase(axes.begin() + 1);
+    double eps = c.f64(7);
+    Ex mean = x, invstd = x;
+    V saved;
+    if (c.flag(5)) {
+      double n = 1;
+      for (int64_t a : axes) n *= static_cast<double>(x.v.shape()[a]);
+      mean = sum(x, axes, true) / n;
+      Ex d = x - mean;
+      invstd = (sum(d * d, axes, true) / n + eps).un("rsqrt");
+      saved = {mean, invstd};
+    } else {
+      mean = channel(c, 3, x.v, t);
+      invstd = (channel(c, 4, x.v, t) + eps).un("rsqrt");
+      saved = {zeros(c, 1), zeros(c, 2)};
+    }
+    Ex y = (x - mean) * invstd;
+    if (!c.is_none(1)) y = y * channel(c, 1, x.v, t);
+    if (!c.is_none(2)) y = y + channel(c, 2, x.v, t);
+    return {y, saved[0], saved[1]};
+  });
+  // (grad_out, input, weight?, running_mean?, running_var?, save_mean?,
+  //  save_invstd?, train, eps, output_mask)
+  reg("native_batch_norm_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = in_as(c, 0, t), x = in_as(c, 1, t);
+    std::vector<int64_t> axes = range(0, x.v.rank());
+    axes.erase(axes.begin() + 1);
+    double n = 1;
+    for (int64_t a : axes) n *= static_cast<double>(x.v.shape()[a]);
+    bool train = c.flag(7);
+    Ex mean = channel(c, train ? 5 : 3, x.v, t);
+    Ex invstd = train ? channel(c, 6, x.v, t) : (channel(c, 4, x.v, t) + c.f64(8)).un("rsqrt");
+    Ex w = c.is_none(2) ? invstd.k(1) : channel(c, 2, x.v, t);
+    Ex xhat = (x - mean) * invstd;
+    auto mask = c.arg(9).toBoolList();
+    Ex dx = train
+                ? (g - sum(g, axes, true) / n - xhat * (sum(g * xhat, axes, true) / n)) * w * invstd
+                : g * w * invstd;
+    return {mask.get(0) ? dx.v : zeros(c, 0).v, mask.get(1) ? sum(g * xhat, axes).v : zeros(c, 1).v,
+            mask.get(2) ? sum(g, axes).v : zeros(c, 2).v};
+  });
+}
+
+TPU_LOWERING(nn_dropout) {
+  // (input, p, train?) -> (output, mask)
+  reg("native_dropout", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex x = in_as(c, 0, t);
+    bool train = c.is_none(2) || c.flag(2);
+    if (!train || x.v.type.numel() == 0) return {x, c.b.splat(1, c.out(1))};
+    double keep = 1.0 - c.f64(1);
+    double scale = keep == 0 ? 0.0 : 1.0 / keep;
+    Builder& b = c.b;
+    Value state = c.rng_state(x.v.type.numel());
+    Value bits = b.rng_bit_generator(state, Type{DType::U32, x.v.shape()}).second;
+    // 24 random bits -> uniform in [0, 1), exact in f32.
+    bits = b.binary("shift_right_logical", bits, b.splat(8, bits.type));
+    Ex u = Ex(b, b.convert(bits, DType::F32)) * (1.0 / 16777216.0);
+    Ex m = u.cmp(Cmp::LT, u.k(keep));
+    return {where(m, x * scale, x.k(0)), m};
+  });
+  reg("native_dropout_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = in_as(c, 0, t), m = in_as(c, 1, t);
+    return {g * m * c.f64(2)};
+  });
+}
+
+// nll_loss on (N, C, ...) / (C) inputs: gathers the target class log-prob.
+struct Nll {
+  Ex x, tgt, w;  // x as (N, C, ...); tgt (N, 1, ...) clamped; w (N, 1, ...) zero where ignored
+};
+Nll nll_prep(Ctx& c, int self_arg, int tgt_arg, int weight_arg, int ignore_arg) {
+  DType t = compute_dtype(c.in(self_arg).dtype());
+  Builder& b = c.b;
+  Value x = b.convert(c.in(self_arg), t), tgt = b.convert(c.in(tgt_arg), DType::I64);
+  if (x.rank() == 1) x = b.reshape(x, {1, x.shape()[0]});
+  Shape ts = tgt.shape();
+  ts.insert(ts.begin() + (ts.empty() ? 0 : 1), 1);
+  if (x.rank() == 2 && ts.size() == 1) ts = {1, 1};
+  tgt = b.reshape(tgt, ts);
+  Ex target(b, tgt);
+  Ex valid = target.cmp(Cmp::NE, target.k(static_cast<double>(c.i64(ignore_arg))));
+  Ex safe = where(valid, target, target.k(0));
+  Ex w = Ex(b, b.splat(1, Type{t, ts}));
+  if (!c.is_none(weight_arg)) {
+    Value wt = b.convert(c.in(weight_arg), t);
+    Value flat = b.reshape(safe.v, {static_cast<int64_t>(Type{t, ts}.numel())});
+    w = Ex(b, b.reshape(b.index_select(wt, flat, 0), ts));
+  }
+  w = where(valid, w, w.k(0));
+  return {Ex(b, x), safe, w};
+}
+
+V nll_forward(Ctx& c) {
+  Nll p = nll_prep(c, 0, 1, 2, 4);
+  Ex picked(c.b, c.b.take_along(p.x.v, p.tgt.v, 1));
+  Ex loss = -picked * p.w;
+  int64_t red = c.i64(3);
+  Ex tw = sum_all(p.w);
+  if (red == 0) return {loss, tw.k(0)};
+  Ex s = sum_all(loss);
+  return {red == 1 ? s / tw : s, tw};
+}
+
+// (grad_output, self, target, weight?, reduction, ignore_index, total_weight)
+V nll_backward(Ctx& c) {
+  Nll p = nll_prep(c, 1, 2, 3, 5);
+  DType t = p.x.v.dtype();
+  Builder& b = c.b;
+  Ex g = in_as(c, 0, t);
+  int64_t red = c.i64(4);
+  Ex coef = -p.w;
+  if (red == 0) {
+    g = Ex(b, b.reshape(g.v, p.tgt.v.shape()));
+  } else {
+    g = Ex(b, b.reshape(g.v, {}));
+    if (red == 1) g = g / Ex(b, b.reshape(in_as(c, 6, t).v, {}));
+  }
+  Ex cls(b, b.iota(Type{DType::I64, p.x.v.shape()}, 1));
+  Ex hit = cls.cmp(Cmp::EQ, Ex(b, broadcast_to(b, p.tgt.v, p.x.v.shape())));
+  return {where(hit, coef * g, p.x.k(0))};
+}
+
+TPU_LOWERING(nn_losses) {
+  reg("nll_loss_forward", nll_forward);
+  reg("nll_loss2d_forward", nll_forward);
+  reg("nll_loss_backward", nll_backward);
+  reg("nll_loss2d_backward", nll_backward);
+  reg("mse_loss", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex d = in_as(c, 0, t) - in_as(c, 1, t);
+    return {reduce_loss(d * d, c.i64(2))};
+  });
+  // (grad_output, self, target, reduction)
+  reg("mse_loss_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex d = in_as(c, 1, t) - in_as(c, 2, t);
+    Ex g = in_as(c, 0, t) * d * 2.0;
+    if (c.i64(3) == 1) g = g / static_cast<double>(c.out(0).numel());
+    return {g};
+  });
+  reg("l1_loss", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    return {reduce_loss((in_as(c, 0, t) - in_as(c, 1, t)).un("abs"), c.i64(2))};
+  });
+  // (self, target, weight?, reduction)
+  reg("binary_cross_entropy", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex x = in_as(c, 0, t), y = in_as(c, 1, t);
+    Ex lx = maximum(x.un("log"), x.k(-100)), l1x = maximum((1.0 - x).un("log"), x.k(-100));
+    Ex l = -(y * lx + (1.0 - y) * l1x);
+    if (!c.is_none(2)) l = l * in_as(c, 2, t);
+    return {reduce_loss(l, c.i64(3))};
+  });
+  // (grad_output, self, target, weight?, reduction)
+  reg("binary_cross_entropy_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = in_as(c, 0, t), x = in_as(c, 1, t), y = in_as(c, 2, t);
+    Ex d = g * (x - y) / maximum((1.0 - x) * x, x.k(1e-12));
+    if (!c.is_none(3)) d = d * in_as(c, 3, t);
+    if (c.i64(4) == 1) d = d / static_cast<double>(c.out(0).numel());
+    return {d};
+  });
+}
+
+// (grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+TPU_LOWERING(nn_embedding) {
+  reg("embedding_dense_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Builder& b = c.b;
+    Value g = b.convert(c.in(0), t), idx = b.convert(c.in(1), DType::I64);
+    int64_t m = idx.type.numel(), d = g.type.numel() / std::max<int64_t>(m, 1);
+    int64_t nw = c.i64(2), pad = c.i64(3);
+    g = b.reshape(g, {m, d});
+    idx = b.reshape(idx, {m});
+    Ex gi(b, g), ix(b, idx);
+    if (pad >= 0) gi = where(Ex(b, b.reshape(ix.cmp(Cmp::NE, ix.k(pad)).v, {m, 1})), gi, gi.k(0));
+    if (c.flag(4)) {
+      Value ones = b.splat(1, Type{t, {m}});
+      Value cnt = b.scatter_along(b.splat(0, Type{t, {nw}}), idx, ones, 0, true);
+      Ex per(b, b.reshape(b.index_select(cnt, idx, 0), {m, 1}));
+      gi = gi / per;
+    }
+    Value idx2 = broadcast_to(b, b.reshape(idx, {m, 1}), {m, d});
+    return {b.scatter_along(b.splat(0, Type{t, {nw, d}}), idx2, gi.v, 0, true)};
+  });
+}
+
+}  // namespace
+}  // namespace torchtpu::lower

@@ -1,0 +1,252 @@
+// Reductions, scans and softmax-family ops.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "lower/helpers.h"
+#include "lower/types.h"
+
+namespace torchtpu::lower {
+namespace {
+
+using hlo::Cmp;
+using hlo::Reducer;
+using V = std::vector<Value>;
+
+// Input 0 converted to the compute dtype of output k.
+Ex input(Ctx& c, int i = 0, int k = 0) {
+  return Ex(c.b, c.b.convert(c.in(i), compute_dtype(c.out(k).dtype)));
+}
+// An int[]? / int[] / int dims argument (None or [] = all dims), wrapped and sorted.
+// i < 0: the overload has no dims argument.
+std::vector<int64_t> dims_arg(Ctx& c, int i, int64_t rank) {
+  if (i < 0 || c.is_none(i)) return reduce_dims({}, rank);
+  if (c.arg(i).isInt()) return reduce_dims({c.i64(i)}, rank);
+  return reduce_dims(c.ints(i), rank);
+}
+Ex reduce(const Ex& x, const std::vector<int64_t>& dims, Reducer r, bool keepdim = false) {
+  Builder& b = *x.b;
+  Value v = b.reduce(x.v, reduce_init(b, r, x.v.dtype()), dims, r);
+  return Ex(b, keepdim ? b.reshape(v, reduced_shape(x.v.shape(), dims, true)) : v);
+}
+// Max/min that propagate NaN (XLA's reduce does not).
+Ex reduce_mm(const Ex& x, const std::vector<int64_t>& dims, Reducer r, bool keepdim = false) {
+  Ex m = reduce(x, dims, r, keepdim);
+  if (!is_float(x.v.dtype())) return m;
+  Ex nan = reduce(x.cmp(Cmp::NE, x), dims, Reducer::Or, keepdim);
+  return where(nan, m.k(NAN), m);
+}
+double count(const Shape& s, const std::vector<int64_t>& dims) {
+  double n = 1;
+  for (int64_t d : dims) n *= static_cast<double>(s[d]);
+  return n;
+}
+Ex as_bool(const Ex& x) { return x.v.dtype() == DType::Bool ? x : x.cmp(Cmp::NE, x.k(0)); }
+// Rank >= 1 view of x (rank-0 tensors reduce over a unit dim).
+Value at_least_1d(Builder& b, Value x) { return x.rank() == 0 ? b.reshape(x, {1}) : x; }
+
+// var over dims with a runtime correction (Scalar?, default 1); also returns the mean.
+std::pair<Ex, Ex> var_mean(Ctx& c, int dim_arg, int corr_arg, int keep_arg) {
+  Ex x = input(c);
+  auto dims = dims_arg(c, dim_arg, x.v.rank());
+  bool keep = c.flag(keep_arg);
+  double n = count(x.v.shape(), dims);
+  Ex mean = reduce(x, dims, Reducer::Add, true) / n;
+  Ex d = x - mean;
+  Ex ss = reduce(d * d, dims, Reducer::Add, keep);
+  Ex corr =
+      c.is_none(corr_arg) ? scalar(c.b, 1, x.v.dtype()) : Ex(c.b, c.scalar(corr_arg, x.v.dtype()));
+  Ex dof = maximum(scalar(c.b, n, x.v.dtype()) - corr, corr.k(0));
+  Value m = keep ? mean.v : c.b.reshape(mean.v, reduced_shape(x.v.shape(), dims, false));
+  return {ss / dof, Ex(c.b, m)};
+}
+
+// p-norm with p known only at run time: every special case is computed and
+// the right one selected.
+Ex vector_norm(Ctx& c, const Ex& x, const std::vector<int64_t>& dims, bool keep, Ex p) {
+  Ex a = x.un("abs");
+  Ex two = reduce(a * a, dims, Reducer::Add, keep).un("sqrt");
+  Ex one = reduce(a, dims, Reducer::Add, keep);
+  Ex inf = reduce_mm(a, dims, Reducer::Max, keep);
+  Ex ninf = reduce_mm(a, dims, Reducer::Min, keep);
+  Ex zero = reduce(as_bool(a).to(a.v.dtype()), dims, Reducer::Add, keep);
+  Ex gen = reduce(a.bin("power", p), dims, Reducer::Add, keep).bin("power", 1.0 / p);
+  auto is = [&](double v) { return p.cmp(Cmp::EQ, p.k(v)); };
+  Ex r = where(is(1), one, gen);
+  r = where(is(0), zero, r);
+  r = where(is(-INFINITY), ninf, r);
+  r = where(is(INFINITY), inf, r);
+  return where(is(2), two, r);
+}
+
+// Inclusive scan along dim as a reduce_window whose window covers the prefix.
+Ex scan(Ctx& c, Reducer r) {
+  Ex x = input(c);
+  Builder& b = c.b;
+  Value v = at_least_1d(b, x.v);
+  int64_t dim = wrap_dim(c.i64(1), v.rank());
+  int64_t n = v.shape()[dim];
+  if (n == 0) return Ex(b, v);
+  Shape win(v.rank(), 1), lo(v.rank(), 0), hi(v.rank(), 0);
+  win[dim] = n;
+  lo[dim] = n - 1;
+  return Ex(b, b.reduce_window(v, reduce_init(b, r, v.dtype()), r, win, {}, lo, hi));
+}
+
+TPU_LOWERING(reduce_sum_mean) {
+  // Overloads with a dims argument at position 1 (others reduce everything).
+  const std::pair<const char*, bool> sums[] = {
+      {"sum", false}, {"sum.dim_IntList", true}, {"nansum", true}};
+  for (auto [name, has_dim] : sums) {
+    bool nan = std::string(name) == "nansum", hd = has_dim;
+    reg(name, [nan, hd](Ctx& c) -> V {
+      Ex x = input(c);
+      if (nan && is_float(x.v.dtype())) x = where(x.cmp(Cmp::NE, x), x.k(0), x);
+      return {reduce(x, dims_arg(c, hd ? 1 : -1, x.v.rank()), Reducer::Add)};
+    });
+  }
+  for (auto [name, has_dim] : {std::pair{"mean", false}, std::pair{"mean.dim", true}}) {
+    bool hd = has_dim;
+    reg(name, [hd](Ctx& c) -> V {
+      Ex x = input(c);
+      auto dims = dims_arg(c, hd ? 1 : -1, x.v.rank());
+      return {reduce(x, dims, Reducer::Add) / count(x.v.shape(), dims)};
+    });
+  }
+  for (auto [name, has_dim] : {std::pair{"prod", false}, std::pair{"prod.dim_int", true}}) {
+    bool hd = has_dim;
+    reg(name, [hd](Ctx& c) -> V {
+      Ex x = input(c);
+      return {reduce(x, dims_arg(c, hd ? 1 : -1, x.v.rank()), Reducer::Mul)};
+    });
+  }
+  reg("cumsum", [](Ctx& c) -> V { return {scan(c, Reducer::Add)}; });
+  reg("cumprod", [](Ctx& c) -> V { return {scan(c, Reducer::Mul)}; });
+  reg("logsumexp", [](Ctx& c) -> V {
+    Ex x = input(c);
+    auto dims = dims_arg(c, 1, x.v.rank());
+    Ex m = reduce(x, dims, Reducer::Max, true);
+    m = where(m.un("abs").cmp(Cmp::EQ, m.k(INFINITY)), m.k(0), m);
+    Ex s = reduce((x - m).un("exponential"), dims, Reducer::Add, true).un("log") + m;
+    return {s};
+  });
+}
+
+TPU_LOWERING(reduce_minmax) {
+  struct MinMax {
+    const char* name;
+    Reducer r;
+    bool has_dim;
+  };
+  const MinMax mm[] = {{"amax", Reducer::Max, true},
+                       {"amin", Reducer::Min, true},
+                       {"max", Reducer::Max, false},
+                       {"min", Reducer::Min, false}};
+  for (const MinMax& e : mm) {
+    Reducer r = e.r;
+    bool hd = e.has_dim;
+    reg(e.name, [r, hd](Ctx& c) -> V {
+      Ex x(c.b, c.in(0));
+      auto dims = dims_arg(c, hd ? 1 : -1, x.v.rank());
+      if (x.v.dtype() == DType::Bool)
+        return {reduce(x, dims, r == Reducer::Max ? Reducer::Or : Reducer::And)};
+      return {reduce_mm(x, dims, r)};
+    });
+  }
+  for (auto [name, is_max] : {std::pair{"max.dim", true}, std::pair{"min.dim", false}}) {
+    bool mx = is_max;
+    reg(name, [mx](Ctx& c) -> V {
+      Value x = at_least_1d(c.b, c.in(0));
+      auto [v, i] = c.b.reduce_arg(x, wrap_dim(c.i64(1), x.rank()), mx);
+      return {v, i};
+    });
+  }
+  for (auto [name, is_max] : {std::pair{"argmax", true}, std::pair{"argmin", false}}) {
+    bool mx = is_max;
+    reg(name, [mx](Ctx& c) -> V {
+      Value x = c.in(0);
+      if (c.is_none(1)) return {c.b.reduce_arg(c.b.reshape(x, {x.type.numel()}), 0, mx).second};
+      x = at_least_1d(c.b, x);
+      return {c.b.reduce_arg(x, wrap_dim(c.i64(1), x.rank()), mx).second};
+    });
+  }
+  for (const char* n : {"any", "any.dim", "any.dims", "all", "all.dim", "all.dims"}) {
+    Reducer r = n[1] == 'n' ? Reducer::Or : Reducer::And;
+    bool hd = std::string(n).find('.') != std::string::npos;
+    reg(n, [r, hd](Ctx& c) -> V {
+      Ex x = as_bool(Ex(c.b, c.in(0)));
+      return {reduce(x, dims_arg(c, hd ? 1 : -1, x.v.rank()), r)};
+    });
+  }
+}
+
+TPU_LOWERING(reduce_stats) {
+  // (self, dim?, *, correction?, keepdim)
+  reg("var.correction", [](Ctx& c) -> V { return {var_mean(c, 1, 2, 3).first}; });
+  reg("std.correction", [](Ctx& c) -> V { return {var_mean(c, 1, 2, 3).first.un("sqrt")}; });
+  reg("var_mean.correction", [](Ctx& c) -> V {
+    auto [v, m] = var_mean(c, 1, 2, 3);
+    return {v, m};
+  });
+  reg("std_mean.correction", [](Ctx& c) -> V {
+    auto [v, m] = var_mean(c, 1, 2, 3);
+    return {v.un("sqrt"), m};
+  });
+  reg("linalg_vector_norm", [](Ctx& c) -> V {
+    Ex x = input(c);
+    return {
+        vector_norm(c, x, dims_arg(c, 2, x.v.rank()), false, Ex(c.b, c.scalar(1, x.v.dtype())))};
+  });
+  // norm.Scalar(self, p=2); norm.ScalarOpt_dim(self, p?, dim, keepdim);
+  // norm.ScalarOpt_dtype(self, p?, *, dtype).
+  for (const char* n : {"norm.Scalar", "norm.ScalarOpt_dim", "norm.ScalarOpt_dtype"}) {
+    bool has_dim = std::string(n) == "norm.ScalarOpt_dim";
+    reg(n, [has_dim](Ctx& c) -> V {
+      Ex x = input(c);
+      Ex p = c.is_none(1) ? scalar(c.b, 2, x.v.dtype()) : Ex(c.b, c.scalar(1, x.v.dtype()));
+      auto dims = has_dim ? dims_arg(c, 2, x.v.rank()) : reduce_dims({}, x.v.rank());
+      return {vector_norm(c, x, dims, false, p)};
+    });
+  }
+}
+
+TPU_LOWERING(reduce_softmax) {
+  // (self, dim, half_to_float) / _safe_softmax(self, dim, dtype?)
+  for (const char* n : {"_softmax", "_safe_softmax", "_log_softmax"}) {
+    std::string name = n;
+    reg(n, [name](Ctx& c) -> V {
+      Ex x = input(c);
+      Value xv = at_least_1d(c.b, x.v);
+      x = Ex(c.b, xv);
+      std::vector<int64_t> d{wrap_dim(c.i64(1), xv.rank())};
+      Ex m = reduce(x, d, Reducer::Max, true);
+      Ex m0 = where(m.un("abs").cmp(Cmp::EQ, m.k(INFINITY)), m.k(0), m);
+      Ex z = x - m0;
+      Ex s = reduce(z.un("exponential"), d, Reducer::Add, true);
+      if (name == "_log_softmax") return {z - s.un("log")};
+      Ex y = z.un("exponential") / s;
+      // Rows that are entirely -inf give 0 instead of NaN.
+      if (name == "_safe_softmax") y = where(m.cmp(Cmp::EQ, m.k(-INFINITY)), y.k(0), y);
+      return {y};
+    });
+  }
+  // (grad_output, output, dim, input_dtype)
+  reg("_softmax_backward_data", [](Ctx& c) -> V {
+    DType t = compute_dtype(c.out(0).dtype);
+    Ex g(c.b, at_least_1d(c.b, c.b.convert(c.in(0), t)));
+    Ex y(c.b, at_least_1d(c.b, c.b.convert(c.in(1), t)));
+    std::vector<int64_t> d{wrap_dim(c.i64(2), g.v.rank())};
+    Ex gy = g * y;
+    return {gy - y * reduce(gy, d, Reducer::Add, true)};
+  });
+  reg("_log_softmax_backward_data", [](Ctx& c) -> V {
+    DType t = compute_dtype(c.out(0).dtype);
+    Ex g(c.b, at_least_1d(c.b, c.b.convert(c.in(0), t)));
+    Ex y(c.b, at_least_1d(c.b, c.b.convert(c.in(1), t)));
+    std::vector<int64_t> d{wrap_dim(c.i64(2), g.v.rank())};
+    return {g - y.un("exponential") * reduce(g, d, Reducer::Add, true)};
+  });
+}
+
+}  // namespace
+}  // namespace torchtpu::lower

@@ -1,0 +1,84 @@
+// One table of lowering rules: ATen op ("name.overload") -> StableHLO emitter.
+// A rule is written once, for the functional form; in-place and out= variants
+// are derived from the op schema by the dispatcher (csrc/aten/dispatch.cpp).
+#pragma once
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hlo/builder.h"
+
+namespace torchtpu::lower {
+
+using hlo::Builder;
+using hlo::Shape;
+using hlo::Type;
+using hlo::Value;
+
+// What a rule sees: the builder, its arguments (tensors already loaded as
+// values in their own dtype and logical shape) and the output metadata that
+// PyTorch's meta kernel computed for this call.
+class Ctx {
+ public:
+  virtual ~Ctx() = default;
+  Builder& b;
+  explicit Ctx(Builder& builder) : b(builder) {}
+
+  // Arguments by schema position.
+  virtual const c10::IValue& arg(int i) const = 0;
+  virtual int num_args() const = 0;
+  // None, or an undefined tensor (autograd passes those for absent Tensor?).
+  bool is_none(int i) const {
+    const c10::IValue& v = arg(i);
+    return v.isNone() || (v.isTensor() && !v.toTensor().defined());
+  }
+  // Tensor (or Tensor?) argument as a value; throws when absent.
+  virtual Value in(int i) = 0;
+  // Tensor[] / Tensor?[] argument; absent entries of Tensor?[] are invalid Values.
+  virtual std::vector<Value> list(int i) = 0;
+  // A Scalar argument, passed to the program at run time (so a changing
+  // learning rate never recompiles), converted to `as`.
+  virtual Value scalar(int i, DType as) = 0;
+  // Attributes (baked into the program and its cache key).
+  int64_t i64(int i) const { return arg(i).toInt(); }
+  double f64(int i) const { return arg(i).toDouble(); }
+  bool flag(int i) const { return arg(i).toBool(); }
+  std::vector<int64_t> ints(int i) const { return arg(i).toIntVector(); }
+  std::optional<int64_t> opt_i64(int i) const {
+    return arg(i).isNone() ? std::nullopt : std::optional<int64_t>(arg(i).toInt());
+  }
+
+  // Output k as PyTorch's meta kernel computed it (dtype and sizes).
+  virtual const Type& out(int k) const = 0;
+  virtual int num_outputs() const = 0;
+  // Philox state tensor<2xui64> = [seed, offset] for this call; the host
+  // advances the device generator by `numel` values.
+  virtual Value rng_state(int64_t numel) = 0;
+  // Op name for error messages.
+  virtual const std::string& op_name() const = 0;
+};
+
+// A rule returns one value per op output (any dtype/shape that converts and
+// reshapes to out(k)); the executor casts to out(k).dtype.
+using Rule = std::function<std::vector<Value>(Ctx&)>;
+
+void register_rule(const std::string& op, Rule rule);
+const Rule* find_rule(const std::string& op);
+std::vector<std::string> registered_ops();
+
+// Registers rules at static-initialization time:
+//   TPU_LOWERING(relu) { reg("relu", [](Ctx& c) -> std::vector<Value> { ... }); }
+struct Registrar {
+  explicit Registrar(void (*fn)()) { fn(); }
+};
+#define TPU_LOWERING(tag)                                     \
+  static void tpu_lowering_##tag();                           \
+  static ::torchtpu::lower::Registrar tpu_registrar_##tag(&tpu_lowering_##tag); \
+  static void tpu_lowering_##tag()
+
+inline void reg(const std::string& op, Rule r) { register_rule(op, std::move(r)); }
+
+}  // namespace torchtpu::lower

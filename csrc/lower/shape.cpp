@@ -1,0 +1,142 @@
+// Shape-changing ops that copy data: cat/stack, triangles, flip/roll,
+// repeat, padding, sort/topk. (Pure view ops are handled by the executor.)
+#include <string>
+#include <vector>
+
+#include "lower/helpers.h"
+#include "lower/types.h"
+
+namespace torchtpu::lower {
+namespace {
+
+using hlo::Cmp;
+using V = std::vector<Value>;
+
+Value at_least_1d(Builder& b, Value x) { return x.rank() == 0 ? b.reshape(x, {1}) : x; }
+
+// Rotates x by `shift` along dim (torch.roll: element i moves to i + shift).
+Value roll_dim(Builder& b, Value x, int64_t shift, int64_t dim) {
+  int64_t n = x.shape()[dim];
+  if (n == 0) return x;
+  int64_t s = ((shift % n) + n) % n;
+  if (s == 0) return x;
+  Shape lo(x.rank(), 0), hi = x.shape();
+  Shape a_lo = lo, a_hi = hi, b_lo = lo, b_hi = hi;
+  a_lo[dim] = n - s;
+  b_hi[dim] = n - s;
+  return b.concatenate({b.slice(x, a_lo, a_hi, {}), b.slice(x, b_lo, b_hi, {})}, dim);
+}
+
+// Values and int64 indices of a stable sort along dim.
+V sort_with_indices(Builder& b, Value x, int64_t dim, bool descending) {
+  x = at_least_1d(b, x);
+  dim = wrap_dim(dim, x.rank());
+  Value idx = b.iota(Type{DType::I64, x.shape()}, dim);
+  return b.sort({x, idx}, dim, descending);
+}
+
+TPU_LOWERING(shape_ops) {
+  // (tensors, dim)
+  reg("cat", [](Ctx& c) -> V {
+    const Type& o = c.out(0);
+    std::vector<Value> xs;
+    for (const Value& v : c.list(0)) {
+      // Legacy: 1-D empty tensors are skipped whatever the other shapes.
+      if (v.rank() == 1 && v.shape()[0] == 0) continue;
+      xs.push_back(c.b.convert(v, o.dtype));
+    }
+    if (xs.empty()) return {c.b.splat(0, o)};
+    return {c.b.concatenate(xs, wrap_dim(c.i64(1), o.rank()))};
+  });
+  reg("stack", [](Ctx& c) -> V {
+    const Type& o = c.out(0);
+    int64_t dim = wrap_dim(c.i64(1), o.rank());
+    std::vector<Value> xs;
+    for (const Value& v : c.list(0)) {
+      Shape s = v.shape();
+      s.insert(s.begin() + dim, 1);
+      xs.push_back(c.b.reshape(c.b.convert(v, o.dtype), s));
+    }
+    return {c.b.concatenate(xs, dim)};
+  });
+  for (const char* n : {"tril", "triu"}) {
+    bool lower = std::string(n) == "tril";
+    reg(n, [lower](Ctx& c) -> V {
+      Builder& b = c.b;
+      Value x = c.in(0);
+      int64_t r = x.rank();
+      Type it{DType::I64, x.shape()};
+      Ex diff = Ex(b, b.iota(it, r - 1)) - Ex(b, b.iota(it, r - 2));
+      Ex k = diff.k(static_cast<double>(c.i64(1)));
+      Ex keep = lower ? diff.cmp(Cmp::LE, k) : diff.cmp(Cmp::GE, k);
+      Ex xv(b, x);
+      return {where(keep, xv, xv.k(0))};
+    });
+  }
+  reg("flip", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    return {c.b.reverse(x, reduce_dims(c.ints(1), x.rank()))};
+  });
+  // (self, shifts, dims)
+  reg("roll", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    auto shifts = c.ints(1), dims = c.ints(2);
+    if (dims.empty()) {
+      Value f = b.reshape(x, {x.type.numel()});
+      return {b.reshape(roll_dim(b, f, shifts.at(0), 0), x.shape())};
+    }
+    for (size_t i = 0; i < dims.size(); ++i)
+      x = roll_dim(b, x, shifts.at(i), wrap_dim(dims[i], x.rank()));
+    return {x};
+  });
+  // (self, repeats): tile by broadcasting into interleaved [r0, s0, r1, s1, ...].
+  reg("repeat", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    auto reps = c.ints(1);
+    Shape s(reps.size() - x.rank(), 1);
+    s.insert(s.end(), x.shape().begin(), x.shape().end());
+    x = b.reshape(x, s);
+    Shape big, out;
+    std::vector<int64_t> dims;
+    for (size_t i = 0; i < reps.size(); ++i) {
+      big.push_back(reps[i]);
+      big.push_back(s[i]);
+      dims.push_back(static_cast<int64_t>(2 * i + 1));
+      out.push_back(reps[i] * s[i]);
+    }
+    return {b.reshape(b.broadcast_in_dim(x, big, dims), out)};
+  });
+  // (self, pad, value): pad lists (lo, hi) pairs from the last dim backwards.
+  reg("constant_pad_nd", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    auto pad = c.ints(1);
+    int64_t r = x.rank();
+    Shape lo(r, 0), hi(r, 0);
+    for (size_t i = 0; i + 1 < pad.size(); i += 2) {
+      int64_t d = r - 1 - static_cast<int64_t>(i / 2);
+      lo[d] = pad[i];
+      hi[d] = pad[i + 1];
+    }
+    return {b.pad(x, c.scalar(2, x.dtype()), lo, hi, {})};
+  });
+  // (self, dim, descending) / (self, *, stable?, dim, descending)
+  reg("sort", [](Ctx& c) -> V { return sort_with_indices(c.b, c.in(0), c.i64(1), c.flag(2)); });
+  reg("sort.stable",
+      [](Ctx& c) -> V { return sort_with_indices(c.b, c.in(0), c.i64(2), c.flag(3)); });
+  // (self, k, dim, largest, sorted)
+  reg("topk", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = at_least_1d(b, c.in(0));
+    int64_t dim = wrap_dim(c.i64(2), x.rank()), k = c.i64(1);
+    V s = sort_with_indices(b, x, dim, c.flag(3));
+    Shape lo(x.rank(), 0), hi = x.shape();
+    hi[dim] = k;
+    return {b.slice(s[0], lo, hi, {}), b.slice(s[1], lo, hi, {})};
+  });
+}
+
+}  // namespace
+}  // namespace torchtpu::lower

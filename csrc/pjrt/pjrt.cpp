@@ -1,0 +1,733 @@
+// PJRT C API runtime: see pjrt.h. Everything here talks to the plugin through
+// the PJRT_Api function table; no XLA headers or libraries are linked.
+#include "pjrt/pjrt.h"
+
+#include <dlfcn.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <string_view>
+
+#include "pjrt_c_api.h"
+
+namespace torchtpu::pjrt {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Calling convention helpers.
+
+// Zero-initialized args struct with struct_size set, as every PJRT call expects.
+template <class Args>
+Args make_args(size_t struct_size) {
+  Args args{};
+  args.struct_size = struct_size;
+  return args;
+}
+#define TT_ARGS(Name) make_args<PJRT_##Name##_Args>(PJRT_##Name##_Args_STRUCT_SIZE)
+
+// Looks up a function pointer, or nullptr when the plugin's PJRT_Api is too old
+// to have the field (its struct_size ends before it) or leaves it unset.
+template <class Fn>
+Fn* find_fn(const PJRT_Api* api, size_t offset) {
+  if (offset + sizeof(Fn*) > api->struct_size) return nullptr;
+  Fn* fn;
+  std::memcpy(&fn, reinterpret_cast<const char*>(api) + offset, sizeof(fn));
+  return fn;
+}
+#define TT_FN(api, Name) find_fn<PJRT_##Name>(api, offsetof(PJRT_Api, PJRT_##Name))
+
+[[noreturn]] void throw_missing(const char* name) {
+  throw Error(std::string("plugin lacks ") + name +
+              ": the PJRT plugin is too old or incomplete; install a plugin matching PJRT C API " +
+              std::to_string(PJRT_API_MAJOR) + "." + std::to_string(PJRT_API_MINOR));
+}
+
+void destroy_error(const PJRT_Api* api, PJRT_Error* err) noexcept {
+  if (err == nullptr) return;
+  if (auto* fn = TT_FN(api, Error_Destroy)) {
+    auto a = TT_ARGS(Error_Destroy);
+    a.error = err;
+    fn(&a);
+  }
+}
+
+// Turns a plugin error into pjrt::Error("<name>: <message>", code) and frees it.
+[[noreturn]] __attribute__((noinline)) void throw_error(const PJRT_Api* api, PJRT_Error* err,
+                                                        const char* name) {
+  std::string msg = std::string(name) + ": ";
+  if (auto* fn = TT_FN(api, Error_Message)) {
+    auto a = TT_ARGS(Error_Message);
+    a.error = err;
+    fn(&a);
+    msg.append(a.message, a.message_size);
+  } else {
+    msg += "(plugin gave no message)";
+  }
+  int code = 0;
+  if (auto* fn = TT_FN(api, Error_GetCode)) {
+    auto a = TT_ARGS(Error_GetCode);
+    a.error = err;
+    if (PJRT_Error* e2 = fn(&a)) {
+      destroy_error(api, e2);
+    } else {
+      code = static_cast<int>(a.code);
+    }
+  }
+  destroy_error(api, err);
+  throw Error(msg, code);
+}
+
+template <class Fn, class Args>
+inline void call_checked(const PJRT_Api* api, Fn* fn, Args* args, const char* name) {
+  if (fn == nullptr) [[unlikely]]
+    throw_missing(name);
+  if (PJRT_Error* err = fn(args)) [[unlikely]]
+    throw_error(api, err, name);
+}
+// Calls PJRT_<Name>(&args), throwing pjrt::Error on failure.
+#define TT_CALL(api, Name, args) call_checked(api, TT_FN(api, Name), &(args), "PJRT_" #Name)
+
+// Calls a destroy-like function whose failure can only be swallowed.
+template <class Fn, class Args>
+void call_ignoring_error(const PJRT_Api* api, Fn* fn, Args* args) noexcept {
+  if (fn != nullptr) destroy_error(api, fn(args));
+}
+
+void destroy_buffer(const PJRT_Api* api, PJRT_Buffer* buf) noexcept {
+  if (buf == nullptr) return;
+  auto a = TT_ARGS(Buffer_Destroy);
+  a.buffer = buf;
+  call_ignoring_error(api, TT_FN(api, Buffer_Destroy), &a);
+}
+
+// Owns a PJRT_Event; Await reports the async operation's error.
+class Event {
+ public:
+  Event(const PJRT_Api* api, PJRT_Event* event) : api_(api), event_(event) {}
+  ~Event() {
+    if (event_ == nullptr) return;
+    auto a = TT_ARGS(Event_Destroy);
+    a.event = event_;
+    call_ignoring_error(api_, TT_FN(api_, Event_Destroy), &a);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  // `what` names the operation the event belongs to, for the error message.
+  void await(const char* what) const {
+    if (event_ == nullptr) return;  // Nothing pending.
+    auto a = TT_ARGS(Event_Await);
+    a.event = event_;
+    call_checked(api_, TT_FN(api_, Event_Await), &a, what);
+  }
+  bool is_ready() const {
+    if (event_ == nullptr) return true;
+    auto a = TT_ARGS(Event_IsReady);
+    a.event = event_;
+    TT_CALL(api_, Event_IsReady, a);
+    return a.is_ready;
+  }
+
+ private:
+  const PJRT_Api* api_;
+  PJRT_Event* event_;
+};
+
+// Owns a PJRT_Executable (the unloaded view of a loaded executable).
+class ExecutableView {
+ public:
+  ExecutableView(const PJRT_Api* api, PJRT_LoadedExecutable* loaded) : api_(api) {
+    auto a = TT_ARGS(LoadedExecutable_GetExecutable);
+    a.loaded_executable = loaded;
+    TT_CALL(api, LoadedExecutable_GetExecutable, a);
+    exe_ = a.executable;
+  }
+  ~ExecutableView() {
+    auto a = TT_ARGS(Executable_Destroy);
+    a.executable = exe_;
+    call_ignoring_error(api_, TT_FN(api_, Executable_Destroy), &a);
+  }
+  ExecutableView(const ExecutableView&) = delete;
+  ExecutableView& operator=(const ExecutableView&) = delete;
+  PJRT_Executable* get() const { return exe_; }
+
+ private:
+  const PJRT_Api* api_;
+  PJRT_Executable* exe_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+// Element types.
+
+PJRT_Buffer_Type to_pjrt(DType t) {
+  switch (t) {
+    case DType::Bool: return PJRT_Buffer_Type_PRED;
+    case DType::I8: return PJRT_Buffer_Type_S8;
+    case DType::I16: return PJRT_Buffer_Type_S16;
+    case DType::I32: return PJRT_Buffer_Type_S32;
+    case DType::I64: return PJRT_Buffer_Type_S64;
+    case DType::U8: return PJRT_Buffer_Type_U8;
+    case DType::U16: return PJRT_Buffer_Type_U16;
+    case DType::U32: return PJRT_Buffer_Type_U32;
+    case DType::U64: return PJRT_Buffer_Type_U64;
+    case DType::F16: return PJRT_Buffer_Type_F16;
+    case DType::BF16: return PJRT_Buffer_Type_BF16;
+    case DType::F32: return PJRT_Buffer_Type_F32;
+    case DType::F64: return PJRT_Buffer_Type_F64;
+  }
+  throw Error("invalid DType " + std::to_string(static_cast<int>(t)));
+}
+
+DType from_pjrt(PJRT_Buffer_Type t) {
+  switch (t) {
+    case PJRT_Buffer_Type_PRED: return DType::Bool;
+    case PJRT_Buffer_Type_S8: return DType::I8;
+    case PJRT_Buffer_Type_S16: return DType::I16;
+    case PJRT_Buffer_Type_S32: return DType::I32;
+    case PJRT_Buffer_Type_S64: return DType::I64;
+    case PJRT_Buffer_Type_U8: return DType::U8;
+    case PJRT_Buffer_Type_U16: return DType::U16;
+    case PJRT_Buffer_Type_U32: return DType::U32;
+    case PJRT_Buffer_Type_U64: return DType::U64;
+    case PJRT_Buffer_Type_F16: return DType::F16;
+    case PJRT_Buffer_Type_BF16: return DType::BF16;
+    case PJRT_Buffer_Type_F32: return DType::F32;
+    case PJRT_Buffer_Type_F64: return DType::F64;
+    default: break;
+  }
+  throw Error("PJRT buffer element type " + std::to_string(static_cast<int>(t)) +
+              " has no torchtpu DType; the program must only produce bool/int/float outputs");
+}
+
+// Wraps a freshly produced PJRT buffer, reading its element type and shape.
+BufferPtr wrap_output(const std::shared_ptr<Client>& client, PJRT_Buffer* raw) {
+  const PJRT_Api* api = client->api();
+  auto type = TT_ARGS(Buffer_ElementType);
+  type.buffer = raw;
+  TT_CALL(api, Buffer_ElementType, type);
+  DType dtype = from_pjrt(type.type);
+  auto shape = TT_ARGS(Buffer_Dimensions);
+  shape.buffer = raw;
+  TT_CALL(api, Buffer_Dimensions, shape);
+  std::vector<int64_t> dims(shape.dims, shape.dims + shape.num_dims);
+  return std::make_shared<Buffer>(client, raw, dtype, std::move(dims));
+}
+
+// ---------------------------------------------------------------------------
+// Plugin discovery and loading.
+
+struct PlatformInfo {
+  std::string_view name, rel_path, install;
+};
+constexpr PlatformInfo kPlatforms[] = {
+    {"cpu", "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so", "pip install xla-cpu-pjrt==0.0.1"},
+    {"cuda", "jax_plugins/xla_cuda13/xla_cuda_plugin.so", "pip install jax-cuda13-pjrt"},
+    {"tpu", "libtpu/libtpu.so", "pip install libtpu"},
+};
+
+std::string getenv_str(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+void check_version(const PJRT_Api* api, const std::string& path) {
+  if (api->struct_size < offsetof(PJRT_Api, pjrt_api_version) + sizeof(PJRT_Api_Version)) {
+    throw Error(path + ": PJRT_Api struct is too small (" + std::to_string(api->struct_size) +
+                " bytes); not a usable PJRT plugin");
+  }
+  const PJRT_Api_Version& v = api->pjrt_api_version;
+  if (v.major_version != PJRT_API_MAJOR) {
+    throw Error(path + " implements PJRT C API " + std::to_string(v.major_version) + "." +
+                std::to_string(v.minor_version) + " but torchtpu was built against " +
+                std::to_string(PJRT_API_MAJOR) + "." + std::to_string(PJRT_API_MINOR) +
+                "; install a plugin with the same major version");
+  }
+}
+
+// Fails at load time rather than in the middle of a user's program.
+void check_required_functions(const PJRT_Api* api) {
+#define TT_REQUIRE(Name) \
+  if (TT_FN(api, Name) == nullptr) throw_missing("PJRT_" #Name)
+  TT_REQUIRE(Error_Destroy);
+  TT_REQUIRE(Error_Message);
+  TT_REQUIRE(Plugin_Initialize);
+  TT_REQUIRE(Event_Destroy);
+  TT_REQUIRE(Event_Await);
+  TT_REQUIRE(Client_Create);
+  TT_REQUIRE(Client_Destroy);
+  TT_REQUIRE(Client_AddressableDevices);
+  TT_REQUIRE(Client_BufferFromHostBuffer);
+  TT_REQUIRE(Client_Compile);
+  TT_REQUIRE(LoadedExecutable_Execute);
+  TT_REQUIRE(LoadedExecutable_Destroy);
+  TT_REQUIRE(LoadedExecutable_GetExecutable);
+  TT_REQUIRE(Executable_Destroy);
+  TT_REQUIRE(Executable_NumOutputs);
+  TT_REQUIRE(Buffer_Destroy);
+  TT_REQUIRE(Buffer_ElementType);
+  TT_REQUIRE(Buffer_Dimensions);
+  TT_REQUIRE(Buffer_ToHostBuffer);
+  TT_REQUIRE(Buffer_ReadyEvent);
+#undef TT_REQUIRE
+}
+
+std::string stringify(const PJRT_NamedValue& v) {
+  switch (v.type) {
+    case PJRT_NamedValue_kString: return std::string(v.string_value, v.value_size);
+    case PJRT_NamedValue_kInt64: return std::to_string(v.int64_value);
+    case PJRT_NamedValue_kBool: return v.bool_value ? "true" : "false";
+    case PJRT_NamedValue_kFloat: {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v.float_value));
+      return buf;
+    }
+    case PJRT_NamedValue_kInt64List: {
+      std::string s = "[";
+      for (size_t i = 0; i < v.value_size; ++i) {
+        if (i > 0) s += ", ";
+        s += std::to_string(v.int64_array_value[i]);
+      }
+      return s + "]";
+    }
+  }
+  return "?";
+}
+
+std::map<std::string, std::string> read_attributes(const PJRT_Api* api) {
+  std::map<std::string, std::string> out;
+  if (TT_FN(api, Plugin_Attributes) == nullptr) return out;  // Optional.
+  auto a = TT_ARGS(Plugin_Attributes);
+  TT_CALL(api, Plugin_Attributes, a);
+  for (size_t i = 0; i < a.num_attributes; ++i) {
+    const PJRT_NamedValue& v = a.attributes[i];
+    out[std::string(v.name, v.name_size)] = stringify(v);
+  }
+  return out;
+}
+
+// Opens the shared object and returns its validated, initialized PJRT_Api.
+const PJRT_Api* open_plugin(const std::string& path) {
+  // Never dlclose: the plugin owns threads and static state for the process.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    throw Error("cannot load PJRT plugin " + path + ": " + (why ? why : "dlopen failed") +
+                "; set TORCHTPU_PJRT_PLUGIN to a valid plugin .so");
+  }
+  using GetPjrtApiFn = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetPjrtApiFn>(dlsym(handle, "GetPjrtApi"));
+  if (get_api == nullptr) throw Error(path + " has no GetPjrtApi symbol; it is not a PJRT plugin");
+  const PJRT_Api* api = get_api();
+  if (api == nullptr) throw Error(path + ": GetPjrtApi returned null");
+  check_version(api, path);
+  check_required_functions(api);
+  auto a = TT_ARGS(Plugin_Initialize);
+  TT_CALL(api, Plugin_Initialize, a);
+  return api;
+}
+
+// ---------------------------------------------------------------------------
+// Protobuf encoding (just enough for CompileOptionsProto).
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+void put_varint_field(std::string& out, uint32_t field, uint64_t v) {
+  put_varint(out, (field << 3) | 0);  // Wire type 0: varint.
+  put_varint(out, v);
+}
+void put_bytes_field(std::string& out, uint32_t field, const std::string& bytes) {
+  put_varint(out, (field << 3) | 2);  // Wire type 2: length-delimited.
+  put_varint(out, bytes.size());
+  out += bytes;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// find_plugin / Plugin
+
+std::string find_plugin(const std::vector<std::string>& search_dirs) {
+  namespace fs = std::filesystem;
+  if (std::string explicit_path = getenv_str("TORCHTPU_PJRT_PLUGIN"); !explicit_path.empty()) {
+    std::error_code ec;
+    if (!fs::is_regular_file(explicit_path, ec)) {
+      throw Error("TORCHTPU_PJRT_PLUGIN=" + explicit_path +
+                  " does not name an existing file; point it at a PJRT plugin .so or unset it");
+    }
+    return explicit_path;
+  }
+  std::string platform = getenv_str("TORCHTPU_PLATFORM");
+  if (platform.empty()) platform = "cpu";
+  const PlatformInfo* info = nullptr;
+  for (const PlatformInfo& p : kPlatforms) {
+    if (p.name == platform) info = &p;
+  }
+  if (info == nullptr) {
+    throw Error("unknown TORCHTPU_PLATFORM '" + platform +
+                "'; use one of cpu, cuda, tpu (or set TORCHTPU_PJRT_PLUGIN to a plugin .so)");
+  }
+  std::string searched;
+  for (const std::string& dir : search_dirs) {
+    fs::path candidate = fs::path(dir) / info->rel_path;
+    std::error_code ec;
+    if (fs::is_regular_file(candidate, ec)) return candidate.string();
+    searched += (searched.empty() ? "" : ", ") + candidate.string();
+  }
+  if (searched.empty()) searched = "(no search directories given)";
+  throw Error("no PJRT plugin found for platform '" + platform + "'; searched " + searched +
+              ". Install it with `" + std::string(info->install) +
+              "` or set TORCHTPU_PJRT_PLUGIN to the plugin .so");
+}
+
+std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<Plugin>> cache;
+  // Key by canonical path so two spellings never initialize the plugin twice.
+  std::error_code ec;
+  std::string key = std::filesystem::weakly_canonical(path, ec).string();
+  if (ec || key.empty()) key = path;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  const PJRT_Api* api = open_plugin(path);
+  std::shared_ptr<Plugin> plugin(new Plugin());
+  plugin->api_ = api;
+  plugin->path_ = path;
+  plugin->attributes_ = read_attributes(api);
+  cache.emplace(key, plugin);
+  return plugin;
+}
+
+int Plugin::api_major() const { return api_->pjrt_api_version.major_version; }
+int Plugin::api_minor() const { return api_->pjrt_api_version.minor_version; }
+
+// ---------------------------------------------------------------------------
+// Buffer
+
+Buffer::Buffer(std::shared_ptr<Client> client, PJRT_Buffer* buf, DType dtype,
+               std::vector<int64_t> dims)
+    : client_(std::move(client)), buf_(buf), dtype_(dtype), dims_(std::move(dims)) {}
+
+Buffer::~Buffer() { destroy_buffer(client_->api(), buf_); }
+
+int64_t Buffer::numel() const {
+  int64_t n = 1;
+  for (int64_t d : dims_) n *= d;
+  return n;
+}
+
+void Buffer::await_ready() const {
+  const PJRT_Api* api = client_->api();
+  auto a = TT_ARGS(Buffer_ReadyEvent);
+  a.buffer = buf_;
+  TT_CALL(api, Buffer_ReadyEvent, a);
+  Event(api, a.event).await("PJRT_Event_Await (buffer ready)");
+}
+
+bool Buffer::is_ready() const {
+  const PJRT_Api* api = client_->api();
+  auto a = TT_ARGS(Buffer_ReadyEvent);
+  a.buffer = buf_;
+  TT_CALL(api, Buffer_ReadyEvent, a);
+  return Event(api, a.event).is_ready();
+}
+
+void Buffer::to_host(void* dst, size_t dst_bytes) const {
+  if (dst_bytes != nbytes()) {
+    throw Error("Buffer::to_host: destination has " + std::to_string(dst_bytes) +
+                " bytes but the buffer holds " + std::to_string(nbytes()));
+  }
+  if (dst_bytes == 0) {
+    await_ready();  // Still report a failed producer; a null dst would mean "query size".
+    return;
+  }
+  const PJRT_Api* api = client_->api();
+  auto a = TT_ARGS(Buffer_ToHostBuffer);
+  a.src = buf_;
+  a.dst = dst;
+  a.dst_size = dst_bytes;
+  TT_CALL(api, Buffer_ToHostBuffer, a);
+  Event(api, a.event).await("PJRT_Event_Await (PJRT_Buffer_ToHostBuffer)");
+}
+
+// ---------------------------------------------------------------------------
+// Executable
+
+Executable::Executable(std::shared_ptr<Client> client, PJRT_LoadedExecutable* exe)
+    : client_(std::move(client)), exe_(exe) {
+  const PJRT_Api* api = client_->api();
+  try {
+    ExecutableView view(api, exe_);
+    auto a = TT_ARGS(Executable_NumOutputs);
+    a.executable = view.get();
+    TT_CALL(api, Executable_NumOutputs, a);
+    num_outputs_ = a.num_outputs;
+  } catch (...) {
+    auto a = TT_ARGS(LoadedExecutable_Destroy);  // The destructor will not run.
+    a.executable = exe_;
+    call_ignoring_error(api, TT_FN(api, LoadedExecutable_Destroy), &a);
+    throw;
+  }
+}
+
+Executable::~Executable() {
+  const PJRT_Api* api = client_->api();
+  auto a = TT_ARGS(LoadedExecutable_Destroy);
+  a.executable = exe_;
+  call_ignoring_error(api, TT_FN(api, LoadedExecutable_Destroy), &a);
+}
+
+namespace {
+// Small inline array of buffer pointers; spills to the heap past kInline.
+class PtrArray {
+ public:
+  explicit PtrArray(size_t n) : data_(n <= kInline ? inline_ : (heap_.resize(n), heap_.data())) {
+    for (size_t i = 0; i < n; ++i) data_[i] = nullptr;
+  }
+  PtrArray(const PtrArray&) = delete;
+  PtrArray& operator=(const PtrArray&) = delete;
+  PJRT_Buffer** data() { return data_; }
+  PJRT_Buffer*& operator[](size_t i) { return data_[i]; }
+
+ private:
+  static constexpr size_t kInline = 16;
+  PJRT_Buffer* inline_[kInline];
+  std::vector<PJRT_Buffer*> heap_;
+  PJRT_Buffer** data_;
+};
+}  // namespace
+
+std::vector<BufferPtr> Executable::execute(std::span<Buffer* const> args, int device) {
+  const PJRT_Api* api = client_->api();
+  PtrArray in(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == nullptr) throw Error("execute: argument " + std::to_string(i) + " is null");
+    in[i] = args[i]->raw();
+  }
+  PtrArray out(num_outputs_);
+  PJRT_ExecuteOptions options{};
+  options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+  PJRT_Buffer* const* arg_list = in.data();
+  PJRT_Buffer** out_list = out.data();
+  auto a = TT_ARGS(LoadedExecutable_Execute);
+  a.executable = exe_;
+  a.options = &options;
+  a.argument_lists = &arg_list;
+  a.num_devices = 1;
+  a.num_args = args.size();
+  a.output_lists = &out_list;
+  // Compiled portable (see encode_compile_options), so any device can run it.
+  a.execute_device = client_->device(device);
+  TT_CALL(api, LoadedExecutable_Execute, a);  // Enqueues only; never awaited here.
+
+  std::vector<BufferPtr> result;
+  result.reserve(num_outputs_);
+  size_t i = 0;
+  try {
+    for (; i < num_outputs_; ++i) result.push_back(wrap_output(client_, out[i]));
+  } catch (...) {
+    for (; i < num_outputs_; ++i) destroy_buffer(api, out[i]);
+    throw;
+  }
+  return result;
+}
+
+std::string Executable::serialize() const {
+  const PJRT_Api* api = client_->api();
+  ExecutableView view(api, exe_);
+  auto a = TT_ARGS(Executable_Serialize);
+  a.executable = view.get();
+  TT_CALL(api, Executable_Serialize, a);
+  std::string bytes(a.serialized_bytes, a.serialized_bytes_size);
+  if (a.serialized_executable_deleter != nullptr) {
+    a.serialized_executable_deleter(a.serialized_executable);
+  }
+  return bytes;
+}
+
+// ---------------------------------------------------------------------------
+// Client
+
+namespace {
+std::vector<PJRT_NamedValue> to_named_values(const CreateOptions& options) {
+  std::vector<PJRT_NamedValue> out;
+  out.reserve(options.size());
+  for (const auto& [name, value] : options) {
+    PJRT_NamedValue v{};
+    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    v.name = name.data();
+    v.name_size = name.size();
+    v.value_size = 1;
+    if (const auto* i = std::get_if<int64_t>(&value)) {
+      v.type = PJRT_NamedValue_kInt64;
+      v.int64_value = *i;
+    } else if (const auto* b = std::get_if<bool>(&value)) {
+      v.type = PJRT_NamedValue_kBool;
+      v.bool_value = *b;
+    } else if (const auto* f = std::get_if<float>(&value)) {
+      v.type = PJRT_NamedValue_kFloat;
+      v.float_value = *f;
+    } else {
+      const std::string& s = std::get<std::string>(value);
+      v.type = PJRT_NamedValue_kString;
+      v.string_value = s.data();
+      v.value_size = s.size();
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+}  // namespace
+
+std::shared_ptr<Client> Client::create(std::shared_ptr<Plugin> plugin,
+                                       const CreateOptions& options) {
+  if (plugin == nullptr) throw Error("Client::create: plugin is null; call Plugin::load first");
+  static std::mutex mu;  // Plugins are not required to tolerate concurrent creation.
+  std::lock_guard<std::mutex> lock(mu);
+  const PJRT_Api* api = plugin->api();
+  std::shared_ptr<Client> client(new Client());
+  client->plugin_ = std::move(plugin);
+
+  std::vector<PJRT_NamedValue> values = to_named_values(options);
+  auto create = TT_ARGS(Client_Create);
+  create.create_options = values.data();
+  create.num_options = values.size();
+  try {
+    TT_CALL(api, Client_Create, create);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    // The stock CPU plugin lets a C++ exception escape on a mistyped option.
+    throw Error(std::string("PJRT_Client_Create: plugin rejected the create options (") + e.what() +
+                "); check option names and value types");
+  }
+  client->client_ = create.client;  // From here ~Client destroys it.
+
+  auto name = TT_ARGS(Client_PlatformName);
+  name.client = client->client_;
+  TT_CALL(api, Client_PlatformName, name);
+  client->platform_name_.assign(name.platform_name, name.platform_name_size);
+  if (TT_FN(api, Client_PlatformVersion) != nullptr) {
+    auto version = TT_ARGS(Client_PlatformVersion);
+    version.client = client->client_;
+    TT_CALL(api, Client_PlatformVersion, version);
+    client->platform_version_.assign(version.platform_version, version.platform_version_size);
+  }
+  auto devs = TT_ARGS(Client_AddressableDevices);
+  devs.client = client->client_;
+  TT_CALL(api, Client_AddressableDevices, devs);
+  client->devices_.assign(devs.addressable_devices,
+                          devs.addressable_devices + devs.num_addressable_devices);
+  if (client->devices_.empty()) {
+    throw Error("PJRT client for platform '" + client->platform_name_ +
+                "' has no addressable devices; check the plugin's device configuration");
+  }
+  return client;
+}
+
+Client::~Client() {
+  if (client_ == nullptr) return;
+  const PJRT_Api* api = plugin_->api();
+  auto a = TT_ARGS(Client_Destroy);
+  a.client = client_;
+  call_ignoring_error(api, TT_FN(api, Client_Destroy), &a);
+}
+
+PJRT_Device* Client::device(int index) const {
+  if (index < 0 || index >= static_cast<int>(devices_.size())) [[unlikely]] {
+    throw Error("device index " + std::to_string(index) + " is out of range: the " +
+                platform_name_ + " client has " + std::to_string(devices_.size()) +
+                " addressable device(s)");
+  }
+  return devices_[static_cast<size_t>(index)];
+}
+
+BufferPtr Client::buffer_from_host(const void* data, DType dtype, std::span<const int64_t> dims,
+                                   int device) {
+  const PJRT_Api* api = plugin_->api();
+  auto a = TT_ARGS(Client_BufferFromHostBuffer);
+  a.client = client_;
+  a.data = data;
+  a.type = to_pjrt(dtype);
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.byte_strides = nullptr;  // Dense row-major.
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  a.device = this->device(device);
+  TT_CALL(api, Client_BufferFromHostBuffer, a);
+  Event done(api, a.done_with_host_buffer);
+  BufferPtr buf;
+  try {
+    buf = std::make_shared<Buffer>(shared_from_this(), a.buffer, dtype,
+                                   std::vector<int64_t>(dims.begin(), dims.end()));
+  } catch (...) {
+    destroy_buffer(api, a.buffer);
+    throw;
+  }
+  // The caller may free `data` once we return.
+  done.await("PJRT_Event_Await (PJRT_Client_BufferFromHostBuffer)");
+  return buf;
+}
+
+ExecutablePtr Client::compile(const std::string& mlir, const CompileOptions& options) {
+  const PJRT_Api* api = plugin_->api();
+  std::string opts = encode_compile_options(options);
+  static constexpr char kFormat[] = "mlir";
+  PJRT_Program program{};
+  program.struct_size = PJRT_Program_STRUCT_SIZE;
+  program.code = const_cast<char*>(mlir.data());  // Only read by the plugin.
+  program.code_size = mlir.size();
+  program.format = kFormat;
+  program.format_size = sizeof(kFormat) - 1;
+  auto a = TT_ARGS(Client_Compile);
+  a.client = client_;
+  a.program = &program;
+  a.compile_options = opts.data();
+  a.compile_options_size = opts.size();
+  TT_CALL(api, Client_Compile, a);
+  return std::make_shared<Executable>(shared_from_this(), a.executable);
+}
+
+ExecutablePtr Client::deserialize(const std::string& bytes, const CompileOptions& options) {
+  const PJRT_Api* api = plugin_->api();
+  std::string opts = encode_compile_options(options);
+  auto a = TT_ARGS(Executable_DeserializeAndLoad);
+  a.client = client_;
+  a.serialized_executable = bytes.data();
+  a.serialized_executable_size = bytes.size();
+  a.overridden_serialized_compile_options = opts.data();
+  a.overridden_serialized_compile_options_size = opts.size();
+  TT_CALL(api, Executable_DeserializeAndLoad, a);
+  return std::make_shared<Executable>(shared_from_this(), a.loaded_executable);
+}
+
+// ---------------------------------------------------------------------------
+// CompileOptionsProto
+
+std::string encode_compile_options(const CompileOptions& options) {
+  if (options.num_replicas < 1 || options.num_partitions < 1) {
+    throw Error("CompileOptions: num_replicas and num_partitions must be >= 1 (got " +
+                std::to_string(options.num_replicas) + ", " +
+                std::to_string(options.num_partitions) + ")");
+  }
+  std::string build;                                               // ExecutableBuildOptionsProto
+  put_varint_field(build, 1, static_cast<uint64_t>(int64_t{-1}));  // device_ordinal: unpinned.
+  put_varint_field(build, 4, static_cast<uint64_t>(options.num_replicas));
+  put_varint_field(build, 5, static_cast<uint64_t>(options.num_partitions));
+  std::string out;  // CompileOptionsProto
+  put_bytes_field(out, 3, build);
+  // Single-device programs are compiled portable: one executable then runs on
+  // any device chosen per call via PJRT_LoadedExecutable_Execute_Args.execute_device.
+  if (options.num_replicas == 1 && options.num_partitions == 1) put_varint_field(out, 4, 1);
+  return out;
+}
+
+}  // namespace torchtpu::pjrt

@@ -1,0 +1,153 @@
+// PJRT C API runtime: plugin loading, client, buffers, executables.
+// Knows nothing of torch or Python. Every failure throws pjrt::Error.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/dtype.h"
+
+struct PJRT_Api;
+struct PJRT_Client;
+struct PJRT_Buffer;
+struct PJRT_LoadedExecutable;
+struct PJRT_Device;
+
+namespace torchtpu::pjrt {
+
+// A failure reported by the plugin or by this layer. `what()` carries the
+// plugin's own message, prefixed with the PJRT call that failed.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& msg, int code = 0) : std::runtime_error(msg), code_(code) {}
+  int code() const { return code_; }  // PJRT_Error_Code, 0 when not from the plugin
+
+ private:
+  int code_;
+};
+
+// Resolves the plugin path: TORCHTPU_PJRT_PLUGIN, else TORCHTPU_PLATFORM
+// (cpu|cuda|tpu, default cpu) searched in the given site-packages dirs.
+// Throws Error with an install hint when nothing is found.
+std::string find_plugin(const std::vector<std::string>& search_dirs);
+
+using OptionValue = std::variant<int64_t, bool, float, std::string>;
+using CreateOptions = std::map<std::string, OptionValue>;
+
+// A loaded plugin (dlopen once per path, never closed, initialized once).
+class Plugin {
+ public:
+  static std::shared_ptr<Plugin> load(const std::string& path);
+  const PJRT_Api* api() const { return api_; }
+  const std::string& path() const { return path_; }
+  int api_major() const;
+  int api_minor() const;
+  // PJRT_Plugin_Attributes as strings (xla_version, stablehlo_current_version, ...).
+  const std::map<std::string, std::string>& attributes() const { return attributes_; }
+
+ private:
+  Plugin() = default;
+  const PJRT_Api* api_ = nullptr;
+  std::string path_;
+  std::map<std::string, std::string> attributes_;
+};
+
+class Client;
+
+// An immutable device array. Destroyed (PJRT_Buffer_Destroy) with the last owner.
+class Buffer {
+ public:
+  Buffer(std::shared_ptr<Client> client, PJRT_Buffer* buf, DType dtype, std::vector<int64_t> dims);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * itemsize(dtype_); }
+  PJRT_Buffer* raw() const { return buf_; }
+
+  // Blocks until the buffer's producer finished; throws the execution's error if it failed.
+  void await_ready() const;
+  // True when the producer finished (successfully or not); does not block.
+  bool is_ready() const;
+  // Blocking copy of the whole buffer to host memory (row-major, dst_bytes == nbytes()).
+  void to_host(void* dst, size_t dst_bytes) const;
+
+ private:
+  std::shared_ptr<Client> client_;
+  PJRT_Buffer* buf_;
+  DType dtype_;
+  std::vector<int64_t> dims_;
+};
+using BufferPtr = std::shared_ptr<Buffer>;
+
+struct CompileOptions {
+  int num_replicas = 1;
+  int num_partitions = 1;
+};
+
+class Executable {
+ public:
+  Executable(std::shared_ptr<Client> client, PJRT_LoadedExecutable* exe);
+  ~Executable();
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+
+  size_t num_outputs() const { return num_outputs_; }
+  // Asynchronous: returns output buffers at once; errors of the run surface
+  // from Buffer::await_ready / to_host. Arguments must live on `device`.
+  std::vector<BufferPtr> execute(std::span<Buffer* const> args, int device);
+  // PJRT_Executable_Serialize bytes (valid for the same plugin build only).
+  std::string serialize() const;
+  PJRT_LoadedExecutable* raw() const { return exe_; }
+
+ private:
+  std::shared_ptr<Client> client_;
+  PJRT_LoadedExecutable* exe_;
+  size_t num_outputs_ = 0;
+  std::vector<DType> out_dtypes_;
+  std::vector<std::vector<int64_t>> out_dims_;
+};
+using ExecutablePtr = std::shared_ptr<Executable>;
+
+class Client : public std::enable_shared_from_this<Client> {
+ public:
+  static std::shared_ptr<Client> create(std::shared_ptr<Plugin> plugin, const CreateOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const Plugin& plugin() const { return *plugin_; }
+  const PJRT_Api* api() const { return plugin_->api(); }
+  PJRT_Client* raw() const { return client_; }
+  int device_count() const { return static_cast<int>(devices_.size()); }  // addressable
+  PJRT_Device* device(int index) const;  // throws Error on a bad index
+  const std::string& platform_name() const { return platform_name_; }
+  const std::string& platform_version() const { return platform_version_; }
+
+  // Copies host data into a new device buffer (host memory may be freed on return).
+  BufferPtr buffer_from_host(const void* data, DType dtype, std::span<const int64_t> dims, int device);
+  // Compiles StableHLO text (program format "mlir").
+  ExecutablePtr compile(const std::string& mlir, const CompileOptions& options = {});
+  ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options = {});
+
+ private:
+  Client() = default;
+  std::shared_ptr<Plugin> plugin_;
+  PJRT_Client* client_ = nullptr;
+  std::vector<PJRT_Device*> devices_;
+  std::string platform_name_, platform_version_;
+};
+using ClientPtr = std::shared_ptr<Client>;
+
+// Serialized xla.CompileOptionsProto (hand-encoded varints), exposed for tests.
+std::string encode_compile_options(const CompileOptions& options);
+
+}  // namespace torchtpu::pjrt

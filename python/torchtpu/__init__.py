@@ -1,0 +1,33 @@
+"""TorchTPU: run PyTorch programs on XLA devices through PJRT.
+
+Importing this package registers the ``tpu`` device::
+
+    import torch, torchtpu
+    x = torch.ones(3, device="tpu")
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C
+from ._modes import eager_mode, get_eager_mode
+from ._metrics import metrics, metrics_report, reset_metrics
+
+__all__ = ["eager_mode", "get_eager_mode", "metrics", "metrics_report", "reset_metrics", "device"]
+
+
+def _register() -> None:
+    if torch._C._get_privateuse1_backend_name() != "tpu":
+        torch.utils.rename_privateuse1_backend("tpu")
+    from . import device as _device_module
+
+    torch._register_device_module("tpu", _device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    from . import _printing
+
+    _printing.install()
+
+
+_register()
+from . import device  # noqa: E402  (torch.tpu)

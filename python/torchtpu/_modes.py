@@ -1,0 +1,44 @@
+"""Eager mode selection: a global setter that is also a thread-local context manager."""
+
+from __future__ import annotations
+
+import threading
+
+from . import _C
+
+_MODES = ("strict", "debug")
+_local = threading.local()
+
+
+def get_eager_mode() -> str:
+    """The mode ops run in on this thread: 'strict' (default) or 'debug'."""
+    return _C.get_mode()
+
+
+class eager_mode:  # noqa: N801  (used like a function)
+    """``torchtpu.eager_mode("debug")`` sets the mode globally; used as a context
+    manager it sets it for this thread only, restoring the previous one on exit
+    (the innermost context wins)."""
+
+    def __init__(self, mode: str) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"unknown eager mode {mode!r}; expected one of {_MODES}")
+        self.mode = mode
+        self._global_prev = _C.get_mode()
+        _C.set_mode(mode)
+        self._entered = False
+
+    def __enter__(self) -> "eager_mode":
+        # Undo the global change made by the constructor: a `with` is thread-local.
+        _C.set_mode(self._global_prev)
+        stack = getattr(_local, "stack", [])
+        stack.append(self.mode)
+        _local.stack = stack
+        _C.set_thread_mode(self.mode)
+        self._entered = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stack = _local.stack
+        stack.pop()
+        _C.set_thread_mode(stack[-1] if stack else "")

@@ -1,0 +1,468 @@
+// Golden tests of the StableHLO text builder: text checks, then modules
+// compiled and run on the stock CPU PJRT plugin.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "hlo/builder.h"
+#include "pjrt/pjrt.h"
+
+namespace torchtpu::hlo {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+// A host tensor: type plus row-major bytes.
+struct Host {
+  Type type;
+  std::vector<char> bytes;
+  template <class T>
+  static Host of(DType dt, Shape shape, const std::vector<T>& v) {
+    Host h{Type{dt, std::move(shape)}, std::vector<char>(v.size() * sizeof(T))};
+    EXPECT_EQ(static_cast<size_t>(h.type.numel()) * itemsize(dt), h.bytes.size());
+    std::memcpy(h.bytes.data(), v.data(), h.bytes.size());
+    return h;
+  }
+  template <class T>
+  std::vector<T> vec() const {
+    EXPECT_EQ(bytes.size() % sizeof(T), 0u);
+    std::vector<T> v(bytes.size() / sizeof(T));
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+    return v;
+  }
+};
+
+Host f32(Shape s, std::vector<float> v) { return Host::of(DType::F32, std::move(s), v); }
+Host i64(Shape s, std::vector<int64_t> v) { return Host::of(DType::I64, std::move(s), v); }
+
+// One CPU client per test binary: loading the plugin takes about a second.
+pjrt::ClientPtr client() {
+  static pjrt::ClientPtr c =
+      pjrt::Client::create(pjrt::Plugin::load(pjrt::find_plugin({TORCHTPU_SITE_PACKAGES})), {});
+  return c;
+}
+
+// Compiles b's module, runs it on `args` and returns every output on the host.
+std::vector<Host> run(const Builder& b, const std::vector<Host>& args = {}) {
+  std::string text = b.module();
+  pjrt::ExecutablePtr exe;
+  try {
+    exe = client()->compile(text);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(e.what()) + "\n--- module:\n" + text);
+  }
+  std::vector<pjrt::BufferPtr> in;
+  std::vector<pjrt::Buffer*> raw;
+  for (const Host& h : args) {
+    in.push_back(client()->buffer_from_host(h.bytes.data(), h.type.dtype, h.type.shape, 0));
+    raw.push_back(in.back().get());
+  }
+  std::vector<Host> out;
+  for (const pjrt::BufferPtr& buf : exe->execute(raw, 0)) {
+    Host h{Type{buf->dtype(), buf->dims()}, std::vector<char>(buf->nbytes())};
+    buf->to_host(h.bytes.data(), h.bytes.size());
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+// Params for `args`, a body on them, run; returns all outputs.
+template <class Fn>
+std::vector<Host> run_fn(const std::vector<Host>& args, Fn&& body) {
+  Builder b;
+  std::vector<Value> ps;
+  for (const Host& h : args) ps.push_back(b.param(h.type));
+  b.ret(body(b, ps));
+  return run(b, args);
+}
+
+template <class T>
+void expect_vec(const Host& h, const Shape& shape, const std::vector<T>& want) {
+  EXPECT_EQ(h.type.shape, shape);
+  std::vector<T> got = h.vec<T>();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(want[i])) {
+        EXPECT_TRUE(std::isnan(got[i])) << "at " << i;
+        continue;
+      }
+    }
+    EXPECT_EQ(got[i], want[i]) << "at " << i;
+  }
+}
+
+template <class Fn>
+std::string build_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const BuildError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected BuildError";
+  return "";
+}
+
+// ---------------------------------------------------------------- text
+
+TEST(HloText, ModuleHasPublicMainAndDonor) {
+  Builder b;
+  Value x = b.param(Type{DType::F32, {2, 3}});
+  b.param(Type{DType::F32, {}}, /*donate=*/true);
+  b.ret({b.binary("add", x, x)});
+  std::string m = b.module();
+  EXPECT_NE(m.find("module @m {"), std::string::npos) << m;
+  EXPECT_NE(m.find("func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<f32> "
+                   "{jax.buffer_donor = true}) -> (tensor<2x3xf32>)"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("return %v"), std::string::npos) << m;
+  EXPECT_EQ(b.num_params(), 2);
+}
+
+TEST(HloText, TypeStrings) {
+  EXPECT_EQ((Type{DType::F32, {2, 3}}.str()), "tensor<2x3xf32>");
+  EXPECT_EQ((Type{DType::Bool, {}}.str()), "tensor<i1>");
+  EXPECT_EQ((Type{DType::U64, {0, 4}}.str()), "tensor<0x4xui64>");
+  EXPECT_EQ((Type{DType::BF16, {5, 2}}.numel()), 10);
+}
+
+TEST(HloText, ConstantsAreExact) {
+  Builder b;
+  std::vector<Value> vs = {b.constant(0.1, DType::F64),   b.constant(kInf, DType::F32),
+                           b.constant(-kInf, DType::F32), b.constant(kNan, DType::F32),
+                           b.constant(kInf, DType::BF16), b.constant(-kInf, DType::F16),
+                           b.constant(kInf, DType::F64),  b.constant(1.0, DType::Bool)};
+  vs.push_back(b.constant_int(std::numeric_limits<int64_t>::min(), DType::I64));
+  vs.push_back(b.constant_int(-1, DType::U64));
+  vs.push_back(b.constant_int(300, DType::I8));
+  b.ret(vs);
+  std::string m = b.module();
+  for (const char* want : {"dense<0.10000000000000001> : tensor<f64>",
+                           "dense<0x7F800000> : tensor<f32>", "dense<0xFF800000> : tensor<f32>",
+                           "dense<0x7FC00000> : tensor<f32>", "dense<0x7F80> : tensor<bf16>",
+                           "dense<0xFC00> : tensor<f16>", "dense<0x7FF0000000000000> : tensor<f64>",
+                           "dense<true> : tensor<i1>", "dense<-9223372036854775808> : tensor<i64>",
+                           "dense<18446744073709551615> : tensor<ui64>", "dense<44> : tensor<i8>"})
+    EXPECT_NE(m.find(want), std::string::npos) << want << "\n" << m;
+}
+
+TEST(HloText, MultiResultValuesAreIndexed) {
+  Builder b;
+  Value k = b.param(Type{DType::F32, {4}});
+  Value i = b.iota(Type{DType::I64, {4}}, 0);
+  std::vector<Value> s = b.sort({k, i}, 0, false);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_NE(s[0].id, s[1].id);
+  EXPECT_EQ(s[1].type, i.type);
+  b.ret({s[1]});
+  std::string m = b.module();
+  EXPECT_NE(m.find(":2 = \"stablehlo.sort\""), std::string::npos) << m;
+  EXPECT_NE(m.find("#1 : tensor<4xi64>"), std::string::npos) << m;
+}
+
+TEST(HloText, ShapeErrorsNameTheOp) {
+  Builder b;
+  Value x = b.param(Type{DType::F32, {2, 3}});
+  Value y = b.param(Type{DType::F32, {3, 2}});
+  Value n = b.param(Type{DType::I32, {2, 3}});
+  EXPECT_NE(build_error([&] { b.binary("add", x, y); }).find("[hlo] add: operand types differ"),
+            std::string::npos);
+  EXPECT_NE(build_error([&] { b.reshape(x, {4}); }).find("[hlo] reshape:"), std::string::npos);
+  EXPECT_NE(build_error([&] {
+              b.transpose(x, {0, 0});
+            }).find("[hlo] transpose:"),
+            std::string::npos);
+  EXPECT_NE(build_error([&] {
+              b.dot_general(x, x, {}, {}, {1}, {0}, DType::F32);
+            }).find("[hlo] dot_general:"),
+            std::string::npos);
+  EXPECT_NE(build_error([&] { b.select(x, x, x); }).find("[hlo] select:"), std::string::npos);
+  EXPECT_NE(build_error([&] { b.take_along(x, b.convert(x, DType::F64), 0); }).find("take_along"),
+            std::string::npos);
+  EXPECT_NE(build_error([&] {
+              b.broadcast_in_dim(y, {2, 3}, {0, 1});
+            }).find("broadcast_in_dim"),
+            std::string::npos);
+  EXPECT_NE(build_error([&] { b.compare(Cmp::LT, x, n); }).find("[hlo] compare:"),
+            std::string::npos);
+  EXPECT_NE(build_error([&] { b.module(); }).find("ret() was not called"), std::string::npos);
+  Value forged{999, x.type};
+  EXPECT_NE(build_error([&] { b.unary("negate", forged); }).find("invalid Value"),
+            std::string::npos);
+  b.ret({x});
+  EXPECT_NE(build_error([&] { b.ret({x}); }).find("[hlo] ret:"), std::string::npos);
+}
+
+// ---------------------------------------------------------------- run: elementwise, constants
+
+TEST(HloRun, Elementwise) {
+  Host a = f32({4}, {1.5f, -2.f, 0.f, 3.f}), c = f32({4}, {1.f, 1.f, 0.f, 5.f});
+  auto out = run_fn({a, c}, [](Builder& b, std::vector<Value> p) {
+    Value lt = b.compare(Cmp::LT, p[0], p[1]);
+    Value lo = b.splat(-1, p[0].type), hi = b.splat(2, p[0].type);
+    return std::vector<Value>{
+        b.binary("add", p[0], p[1]),
+        b.unary("negate", p[0]),
+        lt,
+        b.select(lt, p[0], p[1]),
+        b.convert(p[0], DType::I32),
+        b.convert(b.convert(p[0], DType::Bool), DType::F32),
+        b.clamp(lo, p[0], hi),
+        b.bitcast_convert(p[1], DType::U32),
+        b.compare(Cmp::EQ, b.convert(p[1], DType::U8), b.splat(1, Type{DType::U8, {4}}))};
+  });
+  ASSERT_EQ(out.size(), 9u);
+  expect_vec<float>(out[0], {4}, {2.5f, -1.f, 0.f, 8.f});
+  expect_vec<float>(out[1], {4}, {-1.5f, 2.f, -0.f, -3.f});
+  expect_vec<uint8_t>(out[2], {4}, {0, 1, 0, 1});
+  expect_vec<float>(out[3], {4}, {1.f, -2.f, 0.f, 3.f});
+  expect_vec<int32_t>(out[4], {4}, {1, -2, 0, 3});
+  expect_vec<float>(out[5], {4}, {1.f, 1.f, 0.f, 1.f});
+  expect_vec<float>(out[6], {4}, {1.5f, -1.f, 0.f, 2.f});
+  expect_vec<uint32_t>(out[7], {4}, {0x3F800000u, 0x3F800000u, 0u, 0x40A00000u});
+  expect_vec<uint8_t>(out[8], {4}, {1, 1, 0, 0});
+}
+
+TEST(HloRun, UnaryOpsAndDonatedParam) {
+  Builder b;
+  Value x = b.param(Type{DType::F32, {3}}, /*donate=*/true);
+  Value inf = b.splat(kInf, x.type);
+  Value y = b.binary("divide", x, b.select(b.compare(Cmp::GT, x, b.splat(0, x.type)), x, inf));
+  b.ret({b.unary("exponential", b.binary("subtract", x, x)), b.unary("is_finite", y),
+         b.unary("not", b.unary("is_finite", y)), b.unary("abs", x)});
+  auto out = run(b, {f32({3}, {2, -1, 0})});
+  expect_vec<float>(out[0], {3}, {1, 1, 1});
+  expect_vec<uint8_t>(out[1], {3}, {1, 1, 1});  // 2/2, -1/inf, 0/inf
+  expect_vec<uint8_t>(out[2], {3}, {0, 0, 0});
+  expect_vec<float>(out[3], {3}, {2, 1, 0});
+}
+
+TEST(HloRun, ConstantsRoundTrip) {
+  Builder b;
+  auto f = [&](double v, DType t) { return b.convert(b.constant(v, t), DType::F64); };
+  std::vector<Value> fl = {f(0.1, DType::F64),     f(0.1, DType::F32),   f(kInf, DType::F32),
+                           f(-kInf, DType::F64),   f(kNan, DType::F32),  f(1.5, DType::BF16),
+                           f(kInf, DType::BF16),   f(65504, DType::F16), f(1e6, DType::F16),
+                           f(0x1p-24, DType::F16), f(1e-40, DType::F32), f(-3.75, DType::I32)};
+  Value fv = b.concatenate(
+      [&] {
+        std::vector<Value> r;
+        for (Value v : fl) r.push_back(b.reshape(v, {1}));
+        return r;
+      }(),
+      0);
+  std::vector<Value> iv;
+  for (int64_t v :
+       {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), int64_t{-7}})
+    iv.push_back(b.reshape(b.constant_int(v, DType::I64), {1}));
+  Value u = b.constant_int(-1, DType::U64);
+  Value io = b.iota(Type{DType::I32, {2, 3}}, 1);
+  b.ret({fv, b.concatenate(iv, 0), u, io, b.splat(true, Type{DType::Bool, {2}})});
+  auto out = run(b);
+  expect_vec<double>(out[0], {12},
+                     {0.1, static_cast<double>(0.1f), kInf, -kInf, kNan, 1.5, kInf, 65504, kInf,
+                      0x1p-24, static_cast<double>(1e-40f), -3.0});
+  expect_vec<int64_t>(
+      out[1], {3}, {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), -7});
+  expect_vec<uint64_t>(out[2], {}, {~uint64_t{0}});
+  expect_vec<int32_t>(out[3], {2, 3}, {0, 1, 2, 0, 1, 2});
+  expect_vec<uint8_t>(out[4], {2}, {1, 1});
+}
+
+// ---------------------------------------------------------------- run: shape ops
+
+TEST(HloRun, ShapeOps) {
+  Host x = f32({2, 3}, {0, 1, 2, 3, 4, 5});
+  auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {
+    Value x = p[0], zero = b.constant(0, DType::F32);
+    Value i1 = b.constant_int(1, DType::I32), i0 = b.constant_int(0, DType::I64);
+    return std::vector<Value>{
+        b.reshape(x, {3, 2}),
+        b.broadcast_in_dim(b.reshape(b.slice(x, {0, 0}, {1, 3}, {}), {3}), {2, 3}, {1}),
+        b.transpose(x, {1, 0}),
+        b.slice(x, {0, 0}, {2, 3}, {1, 2}),
+        b.concatenate({x, x}, 1),
+        b.pad(x, zero, {1, -1}, {0, 1}, {0, 1}),
+        b.dynamic_slice(x, {i1, i1}, {1, 2}),
+        b.dynamic_update_slice(x, b.splat(9, Type{DType::F32, {1, 2}}), {i1, i0}),
+        b.reverse(x, {0, 1})};
+  });
+  ASSERT_EQ(out.size(), 9u);
+  expect_vec<float>(out[0], {3, 2}, {0, 1, 2, 3, 4, 5});
+  expect_vec<float>(out[1], {2, 3}, {0, 1, 2, 0, 1, 2});
+  expect_vec<float>(out[2], {3, 2}, {0, 3, 1, 4, 2, 5});
+  expect_vec<float>(out[3], {2, 2}, {0, 2, 3, 5});
+  expect_vec<float>(out[4], {2, 6}, {0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5});
+  // rows: [pad, x0, x1]; cols: drop first of [x, 0, x, 0, x] then pad 1.
+  expect_vec<float>(out[5], {3, 5}, {0, 0, 0, 0, 0, 0, 1, 0, 2, 0, 0, 4, 0, 5, 0});
+  expect_vec<float>(out[6], {1, 2}, {4, 5});
+  expect_vec<float>(out[7], {2, 3}, {0, 1, 2, 9, 9, 5});
+  expect_vec<float>(out[8], {2, 3}, {5, 4, 3, 2, 1, 0});
+}
+
+// ---------------------------------------------------------------- run: reductions
+
+TEST(HloRun, Reduce) {
+  Host x = f32({2, 3}, {1, 5, 2, -1, 4, 3});
+  Host m = Host::of<uint8_t>(DType::Bool, {2, 2}, {0, 1, 0, 0});
+  auto out = run_fn({x, m}, [](Builder& b, std::vector<Value> p) {
+    Value z = b.constant(0, DType::F32), lo = b.constant(-kInf, DType::F32);
+    return std::vector<Value>{b.reduce(p[0], z, {1}, Reducer::Add),
+                              b.reduce(p[0], lo, {0, 1}, Reducer::Max),
+                              b.reduce(p[0], b.constant(1, DType::F32), {0}, Reducer::Mul),
+                              b.reduce(p[1], b.constant(0, DType::Bool), {1}, Reducer::Or)};
+  });
+  expect_vec<float>(out[0], {2}, {8, 6});
+  expect_vec<float>(out[1], {}, {5});
+  expect_vec<float>(out[2], {3}, {-1, 20, 6});
+  expect_vec<uint8_t>(out[3], {2}, {1, 0});
+}
+
+TEST(HloRun, ReduceArgTiesAndNan) {
+  float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  Host x = f32({4, 4}, {1, 3, 3, 2,  //
+                        1, nan, 5, nan, -inf, -inf, -inf, -inf, 2, 0, 0, 7});
+  Host n = Host::of<int32_t>(DType::I32, {5}, {4, -9, 4, -9, 0});
+  auto out = run_fn({x, n}, [](Builder& b, std::vector<Value> p) {
+    auto [mx, amx] = b.reduce_arg(p[0], 1, true);
+    auto [mn, amn] = b.reduce_arg(p[0], 1, false);
+    auto [imx, iamx] = b.reduce_arg(p[1], 0, true);
+    auto [imn, iamn] = b.reduce_arg(p[1], 0, false);
+    auto [cmx, camx] = b.reduce_arg(p[0], 0, true);
+    return std::vector<Value>{mx, amx, mn, amn, imx, iamx, imn, iamn, camx};
+  });
+  expect_vec<float>(out[0], {4}, {3, nan, -inf, 7});
+  expect_vec<int64_t>(out[1], {4}, {1, 1, 0, 3});
+  expect_vec<float>(out[2], {4}, {1, nan, -inf, 0});
+  expect_vec<int64_t>(out[3], {4}, {0, 1, 0, 1});
+  expect_vec<int32_t>(out[4], {}, {4});
+  expect_vec<int64_t>(out[5], {}, {0});
+  expect_vec<int32_t>(out[6], {}, {-9});
+  expect_vec<int64_t>(out[7], {}, {1});
+  expect_vec<int64_t>(out[8], {4}, {3, 1, 1, 1});
+}
+
+TEST(HloRun, ReduceWindow) {
+  Host x = f32({2, 4}, {1, 3, 2, 5, 4, 0, 6, 1});
+  auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {
+    Value lo = b.constant(-kInf, DType::F32), z = b.constant(0, DType::F32);
+    return std::vector<Value>{
+        b.reduce_window(p[0], lo, Reducer::Max, {2, 2}, {1, 2}, {}, {}),
+        b.reduce_window(p[0], z, Reducer::Add, {1, 4}, {}, {0, 3}, {0, 0}),  // cumsum along dim 1
+        b.reduce_window(p[0], lo, Reducer::Max, {1, 3}, {1, 2}, {0, 1}, {0, 1})};
+  });
+  expect_vec<float>(out[0], {1, 2}, {4, 6});
+  expect_vec<float>(out[1], {2, 4}, {1, 4, 6, 11, 4, 4, 10, 11});
+  expect_vec<float>(out[2], {2, 2}, {3, 5, 4, 6});
+}
+
+// ---------------------------------------------------------------- run: dot
+
+TEST(HloRun, DotGeneralBatched) {
+  Host a = f32({2, 2, 3}, {1, 2, 3, 4, 5, 6, 1, 0, 0, 0, 1, 0});
+  Host c = f32({2, 3, 2}, {1, 0, 0, 1, 1, 1, 7, 8, 9, 10, 11, 12});
+  auto out = run_fn({a, c}, [](Builder& b, std::vector<Value> p) {
+    Value m = b.slice(p[0], {0, 0, 0}, {1, 2, 3}, {});
+    return std::vector<Value>{
+        b.dot_general(p[0], p[1], {0}, {0}, {2}, {1}, DType::F32),
+        b.dot_general(b.reshape(m, {2, 3}), b.reshape(m, {2, 3}), {}, {}, {1}, {1}, DType::F32),
+        b.dot_general(b.convert(p[0], DType::BF16), b.convert(p[1], DType::BF16), {0}, {0}, {2},
+                      {1}, DType::F32)};
+  });
+  expect_vec<float>(out[0], {2, 2, 2}, {4, 5, 10, 11, 7, 8, 9, 10});
+  expect_vec<float>(out[1], {2, 2}, {14, 32, 32, 77});
+  expect_vec<float>(out[2], {2, 2, 2}, {4, 5, 10, 11, 7, 8, 9, 10});
+}
+
+// ---------------------------------------------------------------- run: indexing
+
+TEST(HloRun, GatherAndScatterAlong) {
+  Host x = f32({2, 3}, {0, 1, 2, 3, 4, 5});
+  Host idx = Host::of<int32_t>(DType::I32, {2, 2}, {2, 0, 1, 1});
+  Host rows = i64({3}, {1, 0, 1});
+  Host upd = f32({2, 3}, {10, 20, 30, 40, 50, 60});
+  Host idx0 = i64({2, 2}, {1, 0, 0, 1});
+  auto out = run_fn({x, idx, rows, upd, idx0}, [](Builder& b, std::vector<Value> p) {
+    Value x = p[0], idx = p[1], u = p[3];
+    Value zeros = b.splat(0, x.type), u22 = b.slice(u, {0, 0}, {2, 2}, {});
+    return std::vector<Value>{
+        b.take_along(x, idx, 1), b.take_along(x, b.slice(idx, {1, 0}, {2, 2}, {}), 0),
+        b.index_select(x, p[2], 0), b.index_select(x, p[2], 1),
+        // Replace with an index smaller than the (2x3) updates: only its corner is read.
+        b.scatter_along(zeros, b.slice(idx, {0, 0}, {1, 2}, {}), u, 1, /*add=*/false),
+        b.scatter_along(x, idx, u, 1, /*add=*/true), b.scatter_along(zeros, p[4], u22, 0, true)};
+  });
+  expect_vec<float>(out[0], {2, 2}, {2, 0, 4, 4});
+  expect_vec<float>(out[1], {1, 2}, {3, 4});
+  expect_vec<float>(out[2], {3, 3}, {3, 4, 5, 0, 1, 2, 3, 4, 5});
+  expect_vec<float>(out[3], {2, 3}, {1, 0, 1, 4, 3, 4});
+  expect_vec<float>(out[4], {2, 3}, {20, 0, 10, 0, 0, 0});
+  expect_vec<float>(out[5], {2, 3}, {20, 1, 12, 3, 94, 5});  // duplicates accumulate
+  expect_vec<float>(out[6], {2, 3}, {40, 20, 0, 10, 50, 0});
+}
+
+TEST(HloRun, FlatGatherScatter) {
+  Host x = f32({5}, {10, 11, 12, 13, 14});
+  Host pos = i64({2, 2}, {4, 0, 4, 2});
+  Host upd = f32({2, 2}, {1, 2, 3, 4});
+  auto out = run_fn({x, pos, upd}, [](Builder& b, std::vector<Value> p) {
+    Value one = b.constant_int(3, DType::I32);
+    return std::vector<Value>{
+        b.gather_flat(p[0], p[1]), b.gather_flat(p[0], one),
+        b.scatter_flat(p[0], p[1], p[2], /*add=*/true),
+        b.scatter_flat(p[0], b.reshape(one, {1}), b.splat(-1, Type{DType::F32, {1}}), false)};
+  });
+  expect_vec<float>(out[0], {2, 2}, {14, 10, 14, 12});
+  expect_vec<float>(out[1], {}, {13});
+  expect_vec<float>(out[2], {5}, {12, 11, 16, 13, 18});
+  expect_vec<float>(out[3], {5}, {10, 11, 12, -1, 14});
+}
+
+// ---------------------------------------------------------------- run: sort, rng
+
+TEST(HloRun, SortNanLastAndStable) {
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  Host k = f32({2, 5}, {3, nan, 1, 3, -2,  //
+                        1, 1, nan, 0, 1});
+  Host ints = Host::of<int32_t>(DType::I32, {4}, {5, -1, 7, 0});
+  auto out = run_fn({k, ints}, [](Builder& b, std::vector<Value> p) {
+    Value i = b.iota(Type{DType::I64, {2, 5}}, 1);
+    std::vector<Value> asc = b.sort({p[0], i}, 1, false), desc = b.sort({p[0], i}, 1, true);
+    return std::vector<Value>{asc[0], asc[1], desc[0], desc[1], b.sort({p[1]}, 0, true)[0]};
+  });
+  expect_vec<float>(out[0], {2, 5}, {-2, 1, 3, 3, nan, 0, 1, 1, 1, nan});
+  expect_vec<int64_t>(out[1], {2, 5}, {4, 2, 0, 3, 1, 3, 0, 1, 4, 2});
+  expect_vec<float>(out[2], {2, 5}, {nan, 3, 3, 1, -2, nan, 1, 1, 1, 0});
+  expect_vec<int64_t>(out[3], {2, 5}, {1, 0, 3, 2, 4, 2, 0, 1, 4, 3});
+  expect_vec<int32_t>(out[4], {4}, {7, 5, 0, -1});
+}
+
+TEST(HloRun, RngBitGenerator) {
+  Host s1 = Host::of<uint64_t>(DType::U64, {2}, {1, 2}),
+       s2 = Host::of<uint64_t>(DType::U64, {2}, {1, 3});
+  auto out = run_fn({s1, s2}, [](Builder& b, std::vector<Value> p) {
+    auto [n1, bits1] = b.rng_bit_generator(p[0], Type{DType::U32, {4, 4}});
+    auto [n2, bits2] = b.rng_bit_generator(p[1], Type{DType::U32, {4, 4}});
+    auto [n3, bits3] = b.rng_bit_generator(n1, Type{DType::U64, {3}});
+    return std::vector<Value>{n1, bits1, bits2, n3, bits3};
+  });
+  ASSERT_EQ(out.size(), 5u);
+  EXPECT_EQ(out[0].type, (Type{DType::U64, {2}}));
+  EXPECT_EQ(out[1].type, (Type{DType::U32, {4, 4}}));
+  EXPECT_EQ(out[4].type, (Type{DType::U64, {3}}));
+  EXPECT_NE(out[0].vec<uint64_t>(), s1.vec<uint64_t>());
+  EXPECT_NE(out[1].vec<uint32_t>(), out[2].vec<uint32_t>());
+  EXPECT_NE(out[3].vec<uint64_t>(), out[0].vec<uint64_t>());
+  std::vector<uint32_t> bits = out[1].vec<uint32_t>();
+  EXPECT_LT(std::count(bits.begin(), bits.end(), bits[0]), 16);
+}
+
+}  // namespace
+}  // namespace torchtpu::hlo

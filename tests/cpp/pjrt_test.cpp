@@ -1,0 +1,370 @@
+// Tests of the PJRT runtime layer against the stock CPU plugin.
+#include "pjrt/pjrt.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torchtpu::pjrt {
+namespace {
+
+const char kCpuRelPath[] = "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so";
+
+// Sets (or unsets, for nullopt) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      setenv(name, value->c_str(), 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::vector<std::string> site_dirs() { return {TORCHTPU_SITE_PACKAGES}; }
+std::string cpu_plugin_path() { return std::string(TORCHTPU_SITE_PACKAGES) + "/" + kCpuRelPath; }
+
+// Message of the pjrt::Error thrown by `fn`, failing the test if none is.
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected pjrt::Error";
+  return "";
+}
+
+// One 2-device CPU client shared by the tests of this process.
+ClientPtr cpu_client() {
+  static ClientPtr client = [] {
+    ScopedEnv a("TORCHTPU_PJRT_PLUGIN", std::nullopt);
+    ScopedEnv b("TORCHTPU_PLATFORM", std::nullopt);
+    return Client::create(Plugin::load(find_plugin(site_dirs())),
+                          {{"cpu_device_count", int64_t{2}}});
+  }();
+  return client;
+}
+
+const char kAddProgram[] = R"(module {
+  func.func public @main(%a: tensor<2xf32>, %b: tensor<2xf32>) -> tensor<2xf32> {
+    %0 = stablehlo.add %a, %b : tensor<2xf32>
+    return %0 : tensor<2xf32>
+  }
+})";
+
+std::vector<float> to_floats(const Buffer& buf) {
+  std::vector<float> out(static_cast<size_t>(buf.numel()));
+  buf.to_host(out.data(), out.size() * sizeof(float));
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Plugin discovery and loading.
+
+TEST(PjrtPlugin, FindsCpuPluginByDefault) {
+  ScopedEnv a("TORCHTPU_PJRT_PLUGIN", std::nullopt);
+  ScopedEnv b("TORCHTPU_PLATFORM", std::nullopt);
+  std::string path = find_plugin({"/nonexistent-dir", TORCHTPU_SITE_PACKAGES});
+  EXPECT_EQ(std::filesystem::path(path), std::filesystem::path(cpu_plugin_path()));
+}
+
+TEST(PjrtPlugin, EnvOverrideWins) {
+  ScopedEnv a("TORCHTPU_PJRT_PLUGIN", cpu_plugin_path());
+  ScopedEnv b("TORCHTPU_PLATFORM", "tpu");  // Ignored when the path is explicit.
+  EXPECT_EQ(find_plugin({}), cpu_plugin_path());
+}
+
+TEST(PjrtPlugin, EnvOverrideMustExist) {
+  ScopedEnv a("TORCHTPU_PJRT_PLUGIN", "/nonexistent/plugin.so");
+  std::string msg = error_of([] { find_plugin(site_dirs()); });
+  EXPECT_NE(msg.find("/nonexistent/plugin.so"), std::string::npos) << msg;
+}
+
+TEST(PjrtPlugin, MissingPluginNamesSearchedPathsAndInstallHint) {
+  ScopedEnv a("TORCHTPU_PJRT_PLUGIN", std::nullopt);
+  struct Case {
+    const char* platform;
+    const char* rel_path;
+    const char* hint;
+  };
+  for (const Case& c :
+       {Case{"cpu", kCpuRelPath, "pip install xla-cpu-pjrt==0.0.1"},
+        Case{"cuda", "jax_plugins/xla_cuda13/xla_cuda_plugin.so", "pip install jax-cuda13-pjrt"},
+        Case{"tpu", "libtpu/libtpu.so", "pip install libtpu"}}) {
+    ScopedEnv b("TORCHTPU_PLATFORM", c.platform);
+    std::string msg = error_of([] { find_plugin({"/nonexistent-dir"}); });
+    EXPECT_NE(msg.find(c.hint), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::string("/nonexistent-dir/") + c.rel_path), std::string::npos) << msg;
+  }
+}
+
+TEST(PjrtPlugin, UnknownPlatformIsAnError) {
+  ScopedEnv a("TORCHTPU_PJRT_PLUGIN", std::nullopt);
+  ScopedEnv b("TORCHTPU_PLATFORM", "rocm");
+  std::string msg = error_of([] { find_plugin(site_dirs()); });
+  EXPECT_NE(msg.find("'rocm'"), std::string::npos) << msg;
+}
+
+TEST(PjrtPlugin, LoadIsCachedAndReportsVersionAndAttributes) {
+  auto plugin = Plugin::load(cpu_plugin_path());
+  EXPECT_EQ(plugin.get(), Plugin::load(cpu_plugin_path()).get());
+  EXPECT_EQ(plugin->api_major(), 0);
+  EXPECT_GT(plugin->api_minor(), 0);
+  EXPECT_EQ(plugin->path(), cpu_plugin_path());
+  for (const auto& [k, v] : plugin->attributes())
+    std::printf("  attribute %s = %s\n", k.c_str(), v.c_str());
+  EXPECT_TRUE(plugin->attributes().count("stablehlo_current_version"));
+}
+
+TEST(PjrtPlugin, LoadOfNonPluginFails) {
+  std::string msg = error_of([] { Plugin::load("/nonexistent/libnothing.so"); });
+  EXPECT_NE(msg.find("/nonexistent/libnothing.so"), std::string::npos) << msg;
+  msg = error_of([] { Plugin::load("libm.so.6"); });  // A library, but not a plugin.
+  EXPECT_NE(msg.find("GetPjrtApi"), std::string::npos) << msg;
+}
+
+// ---------------------------------------------------------------------------
+// Client and buffers.
+
+TEST(PjrtClient, CreatesRequestedDeviceCount) {
+  ClientPtr client = cpu_client();
+  EXPECT_EQ(client->device_count(), 2);
+  EXPECT_EQ(client->platform_name(), "cpu");
+  EXPECT_NE(client->device(0), client->device(1));
+}
+
+TEST(PjrtClient, BadDeviceIndexThrows) {
+  ClientPtr client = cpu_client();
+  std::string msg = error_of([&] { client->device(2); });
+  EXPECT_NE(msg.find("device index 2"), std::string::npos) << msg;
+  error_of([&] { client->device(-1); });
+  float x = 1;
+  error_of([&] { client->buffer_from_host(&x, DType::F32, {}, 7); });
+}
+
+TEST(PjrtClient, MistypedCreateOptionIsAnError) {
+  // "cpu_device_count" must be an int64; the plugin rejects a string.
+  auto plugin = Plugin::load(cpu_plugin_path());
+  std::string msg = error_of([&] {
+    Client::create(plugin, {{"cpu_device_count", std::string("two")}});
+  });
+  EXPECT_EQ(msg.rfind("PJRT_Client_Create: ", 0), 0u) << msg;
+}
+
+template <class T>
+void expect_round_trip(DType dtype, const std::vector<T>& values, std::vector<int64_t> dims,
+                       int device) {
+  ClientPtr client = cpu_client();
+  BufferPtr buf = client->buffer_from_host(values.data(), dtype, dims, device);
+  EXPECT_EQ(buf->dtype(), dtype);
+  EXPECT_EQ(buf->dims(), dims);
+  EXPECT_EQ(buf->nbytes(), values.size() * sizeof(T));
+  buf->await_ready();
+  EXPECT_TRUE(buf->is_ready());
+  std::vector<T> back(values.size());
+  buf->to_host(back.data(), back.size() * sizeof(T));
+  EXPECT_EQ(std::memcmp(back.data(), values.data(), values.size() * sizeof(T)), 0);
+}
+
+TEST(PjrtBuffer, RoundTripF32) {
+  expect_round_trip<float>(DType::F32, {1.5f, -2.f, 3.25f, 0.f, 1e30f, -0.f}, {2, 3}, 0);
+}
+TEST(PjrtBuffer, RoundTripI64) {
+  expect_round_trip<int64_t>(DType::I64, {INT64_MIN, -1, 0, INT64_MAX}, {4}, 1);
+}
+TEST(PjrtBuffer, RoundTripBool) {
+  expect_round_trip<uint8_t>(DType::Bool, {1, 0, 0, 1, 1, 0, 1, 1}, {2, 2, 2}, 0);
+}
+TEST(PjrtBuffer, RoundTripBf16) {
+  // bf16 bit patterns of 1.0, -2.0, 0.5, inf.
+  expect_round_trip<uint16_t>(DType::BF16, {0x3f80, 0xc000, 0x3f00, 0x7f80}, {4}, 1);
+}
+TEST(PjrtBuffer, RoundTripScalarAndEmpty) {
+  expect_round_trip<double>(DType::F64, {3.5}, {}, 0);
+  expect_round_trip<int32_t>(DType::I32, {}, {0, 3}, 1);
+}
+
+TEST(PjrtBuffer, ToHostRejectsWrongSize) {
+  float x[2] = {1, 2};
+  BufferPtr buf = cpu_client()->buffer_from_host(x, DType::F32, std::vector<int64_t>{2}, 0);
+  std::string msg = error_of([&] { buf->to_host(x, 4); });
+  EXPECT_NE(msg.find("8"), std::string::npos) << msg;
+}
+
+// ---------------------------------------------------------------------------
+// Executables.
+
+void expect_add_runs_on(Executable& exe, int device) {
+  ClientPtr client = cpu_client();
+  float a[2] = {1, 2}, b[2] = {10, 20};
+  std::vector<int64_t> dims = {2};
+  BufferPtr ba = client->buffer_from_host(a, DType::F32, dims, device);
+  BufferPtr bb = client->buffer_from_host(b, DType::F32, dims, device);
+  Buffer* args[] = {ba.get(), bb.get()};
+  std::vector<BufferPtr> out = exe.execute(args, device);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0]->dtype(), DType::F32);
+  EXPECT_EQ(out[0]->dims(), dims);
+  EXPECT_EQ(to_floats(*out[0]), (std::vector<float>{11, 22})) << "device " << device;
+}
+
+TEST(PjrtExecutable, AddRunsOnDevice0And1) {
+  ExecutablePtr exe = cpu_client()->compile(kAddProgram);
+  EXPECT_EQ(exe->num_outputs(), 1u);
+  expect_add_runs_on(*exe, 0);
+  expect_add_runs_on(*exe, 1);
+  expect_add_runs_on(*exe, 0);
+}
+
+TEST(PjrtExecutable, MultipleOutputsKeepTheirTypes) {
+  const char* program = R"(module {
+  func.func public @main(%a: tensor<3xi32>) -> (tensor<3xi32>, tensor<3xi1>, tensor<i32>) {
+    %0 = stablehlo.multiply %a, %a : tensor<3xi32>
+    %1 = stablehlo.compare GT, %a, %0 : (tensor<3xi32>, tensor<3xi32>) -> tensor<3xi1>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %2 = stablehlo.reduce(%a init: %c) applies stablehlo.add across dimensions = [0]
+        : (tensor<3xi32>, tensor<i32>) -> tensor<i32>
+    return %0, %1, %2 : tensor<3xi32>, tensor<3xi1>, tensor<i32>
+  }
+})";
+  ClientPtr client = cpu_client();
+  ExecutablePtr exe = client->compile(program);
+  ASSERT_EQ(exe->num_outputs(), 3u);
+  int32_t a[3] = {-1, 0, 3};
+  BufferPtr ba = client->buffer_from_host(a, DType::I32, std::vector<int64_t>{3}, 1);
+  Buffer* args[] = {ba.get()};
+  std::vector<BufferPtr> out = exe->execute(args, 1);
+  ASSERT_EQ(out.size(), 3u);
+  int32_t sq[3];
+  out[0]->to_host(sq, sizeof(sq));
+  EXPECT_EQ(std::vector<int32_t>(sq, sq + 3), (std::vector<int32_t>{1, 0, 9}));
+  EXPECT_EQ(out[1]->dtype(), DType::Bool);
+  uint8_t gt[3];
+  out[1]->to_host(gt, sizeof(gt));
+  EXPECT_EQ(std::vector<uint8_t>(gt, gt + 3), (std::vector<uint8_t>{0, 0, 0}));
+  EXPECT_TRUE(out[2]->dims().empty());
+  int32_t sum = 0;
+  out[2]->to_host(&sum, sizeof(sum));
+  EXPECT_EQ(sum, 2);
+}
+
+TEST(PjrtExecutable, CompileErrorCarriesPluginMessage) {
+  const char* bad = "module { func.func @main() -> tensor<2xf32> { %0 = stablehlo.bogus } }";
+  try {
+    cpu_client()->compile(bad);
+    FAIL() << "compile of an invalid program succeeded";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("PJRT_Client_Compile: ", 0), 0u) << msg;
+    EXPECT_GT(msg.size(), std::strlen("PJRT_Client_Compile: ") + 10) << msg;
+    EXPECT_NE(e.code(), 0) << msg;
+  }
+}
+
+TEST(PjrtExecutable, BadArgumentsCarryPluginMessage) {
+  ClientPtr client = cpu_client();
+  ExecutablePtr exe = client->compile(kAddProgram);
+  float a[2] = {1, 2};
+  std::vector<int64_t> dims = {2};
+  BufferPtr on0 = client->buffer_from_host(a, DType::F32, dims, 0);
+  BufferPtr on1 = client->buffer_from_host(a, DType::F32, dims, 1);
+  Buffer* one_arg[] = {on0.get()};
+  std::string msg = error_of([&] { exe->execute(one_arg, 0); });
+  EXPECT_EQ(msg.rfind("PJRT_LoadedExecutable_Execute: ", 0), 0u) << msg;
+  // Arguments must already live on the executing device.
+  Buffer* mixed[] = {on0.get(), on1.get()};
+  msg = error_of([&] { exe->execute(mixed, 1); });
+  EXPECT_EQ(msg.rfind("PJRT_LoadedExecutable_Execute: ", 0), 0u) << msg;
+  Buffer* null_arg[] = {on0.get(), nullptr};
+  error_of([&] { exe->execute(null_arg, 0); });
+  error_of([&] { exe->execute(mixed, 2); });
+}
+
+TEST(PjrtClient, BuffersAndExecutablesKeepTheClientAlive) {
+  BufferPtr buf;
+  ExecutablePtr exe;
+  {
+    ClientPtr client =
+        Client::create(Plugin::load(cpu_plugin_path()), {{"cpu_device_count", int64_t{1}}});
+    EXPECT_EQ(client->device_count(), 1);
+    float a[2] = {4, 5};
+    buf = client->buffer_from_host(a, DType::F32, std::vector<int64_t>{2}, 0);
+    exe = client->compile(kAddProgram);
+  }
+  Buffer* args[] = {buf.get(), buf.get()};
+  EXPECT_EQ(to_floats(*exe->execute(args, 0)[0]), (std::vector<float>{8, 10}));
+}
+
+TEST(PjrtExecutable, SerializeDeserializeRoundTrip) {
+  ClientPtr client = cpu_client();
+  std::string bytes = client->compile(kAddProgram)->serialize();
+  ASSERT_FALSE(bytes.empty());
+  ExecutablePtr exe = client->deserialize(bytes);
+  EXPECT_EQ(exe->num_outputs(), 1u);
+  expect_add_runs_on(*exe, 1);
+  expect_add_runs_on(*exe, 0);
+}
+
+TEST(PjrtExecutable, ExecuteOverhead) {
+  // Not a pass/fail gate: prints the host cost of one tiny eager-style op.
+  ClientPtr client = cpu_client();
+  ExecutablePtr exe = client->compile(kAddProgram);
+  float a[2] = {1, 2};
+  BufferPtr ba = client->buffer_from_host(a, DType::F32, std::vector<int64_t>{2}, 0);
+  Buffer* args[] = {ba.get(), ba.get()};
+  constexpr int kIters = 2000;
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kIters; ++i) exe->execute(args, 0);
+  auto us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start);
+  std::printf("  execute(): %.2f us per call (incl. output destroy)\n", us.count() / kIters);
+  EXPECT_EQ(to_floats(*exe->execute(args, 0)[0]), (std::vector<float>{2, 4}));
+}
+
+// ---------------------------------------------------------------------------
+// CompileOptionsProto encoding.
+
+std::string hex(const std::string& bytes) {
+  std::string out;
+  char buf[4];
+  for (unsigned char c : bytes) {
+    std::snprintf(buf, sizeof(buf), "%02x ", c);
+    out += buf;
+  }
+  if (!out.empty()) out.pop_back();
+  return out;
+}
+
+TEST(PjrtCompileOptions, GoldenBytes) {
+  // executable_build_options{device_ordinal=-1, num_replicas=1, num_partitions=1},
+  // compile_portable_executable=true.
+  EXPECT_EQ(hex(encode_compile_options({})),
+            "1a 0f 08 ff ff ff ff ff ff ff ff ff 01 20 01 28 01 20 01");
+  // Multi-device programs are not portable; 300 = ac 02 as a varint.
+  EXPECT_EQ(hex(encode_compile_options({.num_replicas = 300, .num_partitions = 2})),
+            "1a 10 08 ff ff ff ff ff ff ff ff ff 01 20 ac 02 28 02");
+  error_of([] { encode_compile_options({.num_replicas = 0}); });
+}
+
+}  // namespace
+}  // namespace torchtpu::pjrt
