@@ -25,7 +25,7 @@ std::vector<pjrt::BufferPtr> run_internal(const std::string& key,
                                           const std::function<void(Builder&)>& build,
                                           const std::vector<pjrt::BufferPtr>& inputs, int device) {
   static std::mutex mu;
-  static std::unordered_map<std::string, pjrt::ExecutablePtr> programs;
+  static auto& programs = *new std::unordered_map<std::string, pjrt::ExecutablePtr>();
   pjrt::ExecutablePtr exe;
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -130,8 +130,8 @@ struct TpuGenerator final : public c10::GeneratorImpl {
 
 std::mutex gen_mu;
 std::vector<at::Generator>& default_generators() {
-  static std::vector<at::Generator> g;
-  return g;
+  static auto* g = new std::vector<at::Generator>();
+  return *g;
 }
 
 struct TpuHooks final : public at::PrivateUse1HooksInterface {

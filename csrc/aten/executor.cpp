@@ -43,6 +43,7 @@ struct OutSpec {
   int slot;
   DType dtype;
   std::vector<int64_t> sizes;
+  bool undefined = false;  // an output the op leaves undefined (masked-off grads)
 };
 
 struct Entry {
@@ -136,14 +137,14 @@ void key_ivalue(std::string& k, const c10::IValue& v, bool scalar, Slots& slots)
 
 std::mutex cache_mu;
 std::unordered_map<std::string, std::shared_ptr<Entry>>& cache() {
-  static std::unordered_map<std::string, std::shared_ptr<Entry>> c;
-  return c;
+  static auto* c = new std::unordered_map<std::string, std::shared_ptr<Entry>>();
+  return *c;
 }
 
 // Scalars are uploaded per call; small values repeat, so keep their buffers.
 pjrt::BufferPtr scalar_buffer(const c10::IValue& v, DType dtype, int device) {
   static std::mutex mu;
-  static std::unordered_map<std::string, pjrt::BufferPtr> memo;
+  static auto& memo = *new std::unordered_map<std::string, pjrt::BufferPtr>();
   alignas(8) unsigned char bytes[8] = {0};
   if (dtype == DType::F64) {
     double d = v.toScalar().toDouble();
@@ -240,6 +241,11 @@ class CallCtx final : public lower::Ctx {
     DeviceStorage* st = slots_.storages[slot];
     DType d = st->buffer ? st->dtype : dtype_if_empty;
     int64_t n = storage_elems(*st, d);
+    if (!st->buffer) {
+      // Never written: zeros made on the device, nothing uploaded.
+      current_[slot] = b.splat(0, Type{d, {n}});
+      return current_[slot];
+    }
     entry_.inputs.push_back({InputSource::Storage, slot, -1, d, n});
     param_dtype_[slot] = d;
     current_[slot] = b.param(Type{d, {n}});
@@ -300,7 +306,9 @@ class CallCtx final : public lower::Ctx {
 // PyTorch's meta kernel gives the outputs' dtypes and sizes (and its errors).
 c10::IValue to_meta(const c10::IValue& v) {
   auto meta = [](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || !t.device().is_privateuseone()) return t;
+    // CPU tensors stay on the CPU (so device mismatches raise as in eager),
+    // except 0-dim scalars, which mix with any device.
+    if (!t.defined() || (!t.device().is_privateuseone() && t.dim() > 0)) return t;
     return at::empty_strided(t.sizes(), t.strides(),
                              c10::TensorOptions().dtype(t.scalar_type()).device(c10::kMeta));
   };
@@ -370,7 +378,9 @@ std::shared_ptr<Entry> compile_call(const c10::OperatorHandle& op, const OpInfo&
   auto entry = std::make_shared<Entry>();
   std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, entry->ret_lists);
   std::vector<Type> out_types;
-  for (const at::Tensor& m : metas) out_types.push_back(Type{to_dtype(m.scalar_type()), m.sizes().vec()});
+  for (const at::Tensor& m : metas)
+    out_types.push_back(m.defined() ? Type{to_dtype(m.scalar_type()), m.sizes().vec()}
+                                    : Type{DType::F32, {}});
   Builder b;
   CallCtx ctx(b, info, args, first, slots, *entry, out_types);
   std::vector<Value> vals = (*info.rule)(ctx);
@@ -384,6 +394,10 @@ std::shared_ptr<Entry> compile_call(const c10::OperatorHandle& op, const OpInfo&
     for (int j = 0; j < cnt; ++j, ++k) {
       if (alias >= 0) {
         ctx.write(alias_target(args, first, alias), vals[k]);
+        continue;
+      }
+      if (!metas[k].defined()) {
+        entry->outs.push_back({false, -1, DType::F32, {}, true});
         continue;
       }
       Value v = lower::coerce(b, vals[k], out_types[k]);
@@ -533,14 +547,16 @@ void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
 
   // Results: fresh tensors, and new buffers of written storages.
   std::vector<at::Tensor> fresh;
-  for (size_t k = 0; k < entry->outs.size(); ++k) {
-    const OutSpec& o = entry->outs[k];
-    if (o.write) {
+  size_t next = 0;
+  for (const OutSpec& o : entry->outs) {
+    if (o.undefined) {
+      fresh.emplace_back();
+    } else if (o.write) {
       DeviceStorage* st = slots.storages[o.slot];
-      st->buffer = outs[k];
+      st->buffer = outs[next++];
       st->dtype = o.dtype;
     } else {
-      fresh.push_back(wrap_buffer(outs[k], o.sizes, lower::to_scalar_type(o.dtype), device));
+      fresh.push_back(wrap_buffer(outs[next++], o.sizes, lower::to_scalar_type(o.dtype), device));
     }
   }
   torch::jit::Stack args(stack->begin() + first, stack->end());

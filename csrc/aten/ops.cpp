@@ -142,6 +142,16 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+// module.to("tpu") swaps parameter data in place (keeping tied weights tied)
+// only when CPU and tpu tensors count as shallow-copy compatible.
+bool compatible_shallow_copy(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.is_cpu() || t.device().is_privateuseone());
+  };
+  if (dense(self) && dense(from)) return true;
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 // ---- the boxed path
 
 std::string op_name(const c10::FunctionSchema& s) {
@@ -279,6 +289,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -42,9 +42,11 @@ struct ClientState {
   std::string error;
 };
 
+// Leaked on purpose: tensors may die after static destructors run at exit,
+// and their buffers need a live client.
 ClientState& state() {
-  static ClientState s;
-  return s;
+  static auto* s = new ClientState();
+  return *s;
 }
 
 pjrt::ClientPtr make_client() {
@@ -133,7 +135,10 @@ Metrics& metrics() {
 
 namespace {
 std::mutex inflight_mu;
-std::deque<pjrt::BufferPtr> inflight;
+std::deque<pjrt::BufferPtr>& inflight_queue() {
+  static auto* q = new std::deque<pjrt::BufferPtr>();
+  return *q;
+}
 size_t max_inflight() {
   static size_t n = [] {
     const char* v = std::getenv("TORCHTPU_MAX_INFLIGHT");
@@ -147,6 +152,7 @@ void track_inflight(const pjrt::BufferPtr& out) {
   pjrt::BufferPtr oldest;
   {
     std::lock_guard<std::mutex> lock(inflight_mu);
+    auto& inflight = inflight_queue();
     inflight.push_back(out);
     if (inflight.size() <= max_inflight()) return;
     oldest = std::move(inflight.front());
@@ -163,7 +169,7 @@ void synchronize() {
   std::deque<pjrt::BufferPtr> pending;
   {
     std::lock_guard<std::mutex> lock(inflight_mu);
-    pending.swap(inflight);
+    pending.swap(inflight_queue());
   }
   for (auto& b : pending) b->await_ready();
 }

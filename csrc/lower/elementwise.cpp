@@ -283,6 +283,21 @@ TPU_LOWERING(elementwise_arith) {
     h = where(m.cmp(Cmp::EQ, m.k(0)), m, h);
     return where(m.cmp(Cmp::EQ, m.k(INFINITY)), m, h);
   });
+  binary("copysign", {"Tensor", "Scalar"}, [](Ctx&, Ex x, Ex y) {
+    // The sign bit of y, including -0.
+    Ex neg = b_or(is_neg(y), b_and(y.cmp(Cmp::EQ, y.k(0)), is_neg(1.0 / y)));
+    Ex a = x.un("abs");
+    return where(neg, -a, a);
+  });
+  binary("logaddexp", {""}, [](Ctx&, Ex x, Ex y) {
+    Ex m = maximum(x, y);
+    Ex r = m + (-(x - y).un("abs")).un("exponential").un("log_plus_one");
+    return where(x.cmp(Cmp::EQ, y), x + kLn2, r);  // equal infinities
+  });
+  binary("xlogy", {"Tensor", "Scalar_Self", "Scalar_Other"}, [](Ctx&, Ex x, Ex y) {
+    Ex r = x * y.un("log");
+    return where(b_and(x.cmp(Cmp::EQ, x.k(0)), y.cmp(Cmp::EQ, y)), x.k(0), r);
+  });
   binary("maximum", {""},
          [](Ctx&, Ex x, Ex y) { return x.v.dtype() == DType::Bool ? b_or(x, y) : maximum(x, y); });
   binary("minimum", {""},
@@ -370,6 +385,32 @@ TPU_LOWERING(elementwise_unary) {
     DType t = math_dtype(c);
     Ex x = arg_as(c, 0, t);
     return {where(x.cmp(Cmp::LE, arg_as(c, 1, t)), arg_as(c, 2, t), x)};
+  });
+  // (self, eps?): log(x / (1 - x)) with x clamped to [eps, 1 - eps].
+  reg("logit", [](Ctx& c) -> V {
+    Ex x = arg_as(c, 0, math_dtype(c));
+    if (!c.is_none(1)) x = minimum(maximum(x, x.k(c.f64(1))), x.k(1.0 - c.f64(1)));
+    return {(x / (1.0 - x)).un("log")};
+  });
+  // (grad_output, self, eps?)
+  reg("logit_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
+    Ex d = g / (x * (1.0 - x));
+    if (c.is_none(2)) return {d};
+    double eps = c.f64(2);
+    Ex out = b_or(x.cmp(Cmp::LT, x.k(eps)), x.cmp(Cmp::GT, x.k(1.0 - eps)));
+    return {where(out, x.k(0), d)};
+  });
+  // log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)); the buffer is unused.
+  reg("log_sigmoid_forward", [](Ctx& c) -> V {
+    Ex x = arg_as(c, 0, math_dtype(c));
+    Ex r = minimum(x, x.k(0)) - (-x.un("abs")).un("exponential").un("log_plus_one");
+    return {r, c.b.splat(0, c.out(1))};
+  });
+  reg("log_sigmoid_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    return {arg_as(c, 0, t) * sigmoid_(-arg_as(c, 1, t))};
   });
   reg("hardsigmoid", [](Ctx& c) -> V {
     Ex x = arg_as(c, 0, math_dtype(c));

@@ -168,6 +168,52 @@ TPU_LOWERING(nn_batch_norm) {
   });
 }
 
+// Group norm views x as [N, G, rest] with mean/rstd [N, G, 1]; weight and
+// bias are per channel of [N, C, HxW].
+TPU_LOWERING(nn_group_norm) {
+  // (input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean, rstd)
+  reg("native_group_norm", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Builder& b = c.b;
+    int64_t n = c.i64(3), ch = c.i64(4), hw = c.i64(5), g = c.i64(6);
+    Value x0 = b.convert(c.in(0), t);
+    Ex x(b, b.reshape(x0, {n, g, ch / g * hw}));
+    double cnt = static_cast<double>(ch / g * hw);
+    Ex mean = sum(x, {2}, true) / cnt, d = x - mean;
+    Ex rstd = (sum(d * d, {2}, true) / cnt + c.f64(7)).un("rsqrt");
+    Ex y(b, b.reshape((d * rstd).v, {n, ch, hw}));
+    if (!c.is_none(1)) y = y * Ex(b, b.reshape(b.convert(c.in(1), t), {ch, 1}));
+    if (!c.is_none(2)) y = y + Ex(b, b.reshape(b.convert(c.in(2), t), {ch, 1}));
+    return {b.reshape(y.v, x0.shape()), mean, rstd};
+  });
+  // (grad_out, input, mean, rstd, weight?, N, C, HxW, group, output_mask)
+  reg("native_group_norm_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Builder& b = c.b;
+    int64_t n = c.i64(5), ch = c.i64(6), hw = c.i64(7), g = c.i64(8);
+    Shape grouped{n, g, ch / g * hw}, chan{n, ch, hw};
+    Value x0 = b.convert(c.in(1), t);
+    Ex x(b, b.reshape(x0, grouped)), go(b, b.reshape(b.convert(c.in(0), t), grouped));
+    Ex mean(b, b.reshape(b.convert(c.in(2), t), {n, g, 1}));
+    Ex rstd(b, b.reshape(b.convert(c.in(3), t), {n, g, 1}));
+    Ex xhat = (x - mean) * rstd;
+    Ex gw = go;
+    if (!c.is_none(4))
+      gw = Ex(
+          b,
+          b.reshape(
+              (Ex(b, b.reshape(go.v, chan)) * Ex(b, b.reshape(b.convert(c.in(4), t), {ch, 1}))).v,
+              grouped));
+    double cnt = static_cast<double>(ch / g * hw);
+    Ex dx = (gw - sum(gw, {2}, true) / cnt - xhat * (sum(gw * xhat, {2}, true) / cnt)) * rstd;
+    auto mask = c.arg(9).toBoolList();
+    Ex gc(b, b.reshape(go.v, chan)), xc(b, b.reshape(xhat.v, chan));
+    return {mask.get(0) ? b.reshape(dx.v, x0.shape()) : zeros(c, 0).v,
+            mask.get(1) ? sum(gc * xc, {0, 2}).v : zeros(c, 1).v,
+            mask.get(2) ? sum(gc, {0, 2}).v : zeros(c, 2).v};
+  });
+}
+
 TPU_LOWERING(nn_dropout) {
   // (input, p, train?) -> (output, mask)
   reg("native_dropout", [](Ctx& c) -> V {
@@ -267,6 +313,33 @@ TPU_LOWERING(nn_losses) {
     if (c.i64(3) == 1) g = g / static_cast<double>(c.out(0).numel());
     return {g};
   });
+  // (self, target, reduction, beta|delta): quadratic below the threshold.
+  for (const char* n : {"smooth_l1_loss", "huber_loss"}) {
+    bool huber = std::string(n) == "huber_loss";
+    reg(n, [huber](Ctx& c) -> V {
+      DType t = math_dtype(c);
+      Ex d = (in_as(c, 0, t) - in_as(c, 1, t)).un("abs");
+      double k = c.f64(3);
+      Ex l = huber    ? where(d.cmp(Cmp::LT, d.k(k)), d * d * 0.5, (d - 0.5 * k) * k)
+             : k == 0 ? d
+                      : where(d.cmp(Cmp::LT, d.k(k)), d * d * (0.5 / k), d - 0.5 * k);
+      return {reduce_loss(l, c.i64(2))};
+    });
+  }
+  // (grad_output, self, target, reduction, beta|delta)
+  for (const char* n : {"smooth_l1_loss_backward", "huber_loss_backward"}) {
+    bool huber = std::string(n) == "huber_loss_backward";
+    reg(n, [huber](Ctx& c) -> V {
+      DType t = math_dtype(c);
+      Ex g = in_as(c, 0, t), d = in_as(c, 1, t) - in_as(c, 2, t);
+      if (c.i64(3) == 1) g = g / static_cast<double>(c.out(0).numel());
+      double k = c.f64(4);
+      Ex lin = where(d.cmp(Cmp::LT, d.k(0)), -g, g) * (huber ? k : 1.0);
+      Ex quad = huber ? d * g : d * g / k;
+      if (!huber && k == 0) return {where(d.cmp(Cmp::EQ, d.k(0)), d.k(0), lin)};
+      return {where(d.un("abs").cmp(Cmp::LE, d.k(k)), quad, lin)};
+    });
+  }
   reg("l1_loss", [](Ctx& c) -> V {
     DType t = math_dtype(c);
     return {reduce_loss((in_as(c, 0, t) - in_as(c, 1, t)).un("abs"), c.i64(2))};

@@ -1,0 +1,110 @@
+"""Shared helpers of the TorchTPU Python tests.
+
+The tests compare every tpu result with PyTorch's CPU result.  Behaviours
+that depend on environment variables read at start-up (plugin path, number of
+devices, eager mode, CPU fallback, NaN checks) run in a subprocess through
+``run_py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+# Environment variables that change the backend's behaviour: the test process
+# itself always runs with none of them (subprocess tests set them explicitly).
+_BACKEND_ENV = (
+    "TORCHTPU_CPU_FALLBACK",
+    "TORCHTPU_EAGER",
+    "TPU_LAUNCH_BLOCKING",
+    "TORCHTPU_CHECK_NANS",
+    "TORCHTPU_NUM_DEVICES",
+    "TORCHTPU_PJRT_PLUGIN",
+    "TORCHTPU_PLATFORM",
+)
+for _name in _BACKEND_ENV:
+    os.environ.pop(_name, None)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torchtpu  # noqa: E402
+
+PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
+
+# float32 tolerances of the suite (rows relax them only with a stated reason).
+F32_TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def run_py(code: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter with the backend's environment
+    variables cleared and then ``env`` applied.  Returns the completed process
+    (stdout/stderr as text)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in _BACKEND_ENV}
+    full_env.update(env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PYTHON_DIR), os.environ.get("PYTHONPATH", "")) if p
+    )
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def check_py(code: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """``run_py`` that fails the test (showing the subprocess output) unless the
+    code exits with status 0."""
+    proc = run_py(code, env, timeout)
+    assert proc.returncode == 0, (
+        f"subprocess exited with {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    )
+    return proc
+
+
+def tpu(t: torch.Tensor) -> torch.Tensor:
+    """A tpu copy of a CPU tensor (keeps requires_grad as a fresh leaf)."""
+    out = t.detach().to("tpu")
+    return out.requires_grad_(t.requires_grad)
+
+
+def assert_tpu_close(actual, expected, **tol) -> None:
+    """``actual`` (tpu tensors, possibly nested in tuples/lists) matches the CPU
+    ``expected``: same structure, dtype, shape and values."""
+    if isinstance(expected, (tuple, list)):
+        assert isinstance(actual, (tuple, list)), f"expected a sequence, got {type(actual)}"
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_tpu_close(a, e, **tol)
+        return
+    if not isinstance(expected, torch.Tensor):
+        assert actual == pytest.approx(expected, rel=tol.get("rtol", 1e-5), abs=tol.get("atol", 1e-5))
+        return
+    assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual)}"
+    assert actual.device.type == "tpu", f"result on {actual.device}, expected tpu"
+    if not tol and expected.dtype == torch.float32:
+        tol = F32_TOL
+    torch.testing.assert_close(actual.detach().cpu(), expected.detach(), **tol)
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    """Every test starts in strict mode on device 0 with a fixed CPU seed."""
+    torchtpu.eager_mode("strict")
+    torch.tpu.set_device(0)
+    torch.manual_seed(0)
+    yield
+    torchtpu.eager_mode("strict")
+
+
+@pytest.fixture(params=["strict", "debug"])
+def eager(request):
+    """Runs the test body inside ``torchtpu.eager_mode(<mode>)``."""
+    with torchtpu.eager_mode(request.param):
+        assert torchtpu.get_eager_mode() == request.param
+        yield request.param

@@ -1,0 +1,474 @@
+"""The tpu device: torch.tpu, transfers, serialization, printing, RNG, streams,
+metrics and eager modes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_tpu_close, check_py, tpu
+
+import torchtpu
+
+ALL_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
+
+
+def make(shape, dtype, seed=0) -> torch.Tensor:
+    """Deterministic CPU data of any dtype, with varied values (negative ones
+    for signed types)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 10).to(dtype)
+    lo = 0 if dtype == torch.uint8 else -100
+    return torch.randint(lo, 100, shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+# ---------------------------------------------------------------- torch.tpu
+
+
+def test_torch_tpu_basics():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    torch.tpu.set_device(0)
+    torch.tpu.set_device("tpu:0")
+    assert torch.tpu.current_device() == 0
+    assert torch.bfloat16 in torch.tpu.get_amp_supported_dtype()
+    assert torch.tpu.get_device_interface() is not None
+    assert isinstance(torch.tpu.get_device_name(), str)
+
+
+def test_current_accelerator_is_tpu():
+    acc = torch.accelerator.current_accelerator()
+    assert acc is not None and acc.type == "tpu"
+    assert torch.accelerator.is_available()
+    assert torch.accelerator.device_count() == 1
+
+
+def test_default_device_index():
+    x = torch.ones(2, device="tpu")
+    assert x.device == torch.device("tpu", 0)
+    assert torch.ones(2).tpu().device == torch.device("tpu:0")
+
+
+def test_memory_allocated_tracks_tensors():
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    x = torch.ones(1024, 64, device="tpu")
+    x.add_(1)
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() >= before + x.numel() * 4
+    del x
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() <= before + 64
+
+
+# ---------------------------------------------------------------- moving tensors
+
+
+def test_tensor_tpu_method_and_to():
+    x = torch.arange(6.0).reshape(2, 3)
+    for y in (x.tpu(), x.to("tpu"), x.to(torch.device("tpu", 0)), x.to("tpu:0")):
+        assert y.device.type == "tpu"
+        assert_tpu_close(y, x)
+        assert torch.equal(y.cpu(), x)
+    assert x.to("tpu", dtype=torch.float64).dtype == torch.float64
+    assert_tpu_close(x.to("tpu", dtype=torch.float64), x.double())
+
+
+def test_module_to_tpu():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    x = torch.randn(5, 4)
+    ref = m(x)
+    m.to("tpu")
+    for p in m.parameters():
+        assert p.device.type == "tpu"
+    out = m(x.to("tpu"))
+    assert_tpu_close(out, ref)
+    m.cpu()
+    assert all(p.device.type == "cpu" for p in m.parameters())
+    torch.testing.assert_close(m(x), ref)
+
+
+def test_non_blocking_copies():
+    x = torch.randn(4, 5)
+    y = x.to("tpu", non_blocking=True)
+    z = (y * 2).to("cpu", non_blocking=True)
+    torch.tpu.synchronize()
+    torch.testing.assert_close(z, x * 2)
+    dst = torch.empty(4, 5, device="tpu")
+    dst.copy_(x, non_blocking=True)
+    assert_tpu_close(dst, x)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_roundtrip_every_dtype(dtype):
+    x = make((3, 5), dtype)
+    y = x.to("tpu")
+    assert y.dtype == dtype and y.shape == x.shape
+    back = y.cpu()
+    assert back.dtype == dtype
+    assert torch.equal(back, x)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_noncontiguous_host_sources(dtype):
+    x = make((4, 6), dtype, seed=1)
+    sources = {
+        "transposed": x.t(),
+        "strided": x[::2, 1::3],
+        "expanded": x[:1].expand(3, 6),
+        "offset": x[1:, 2:],
+    }
+    for name, src in sources.items():
+        y = src.to("tpu")
+        assert torch.equal(y.cpu(), src), name
+        dst = torch.zeros(src.shape, dtype=dtype, device="tpu")
+        dst.copy_(src)
+        assert torch.equal(dst.cpu(), src), name
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_noncontiguous_device_views_to_host(dtype):
+    x = make((4, 6), dtype, seed=2)
+    y = x.to("tpu")
+    views = {
+        "transposed": lambda t: t.t(),
+        "strided": lambda t: t[::2, 1::3],
+        "expanded": lambda t: t[:1].expand(3, 6),
+        "offset": lambda t: t[1:, 2:],
+        "select": lambda t: t[:, 3],
+        "diagonal": lambda t: t.diagonal(),
+    }
+    for name, fn in views.items():
+        assert torch.equal(fn(y).cpu(), fn(x)), name
+        # device -> host into a non-contiguous host destination
+        host = torch.zeros(6, 4, dtype=dtype).t()
+        host.copy_(y)
+        assert torch.equal(host, x), name
+
+
+@pytest.mark.parametrize("src", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("dst", [torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool], ids=str)
+def test_cross_dtype_copy_on_device(src, dst):
+    x = make((2, 3), src, seed=3)
+    d = torch.empty(2, 3, dtype=dst, device="tpu")
+    d.copy_(x.to("tpu"))
+    assert d.dtype == dst
+    assert_tpu_close(d, torch.empty(2, 3, dtype=dst).copy_(x), rtol=0, atol=0)
+
+
+def test_copy_between_device_tensors_into_view():
+    base = torch.zeros(4, 4, device="tpu")
+    src = torch.arange(4.0, device="tpu")
+    base[:, 1].copy_(src)
+    ref = torch.zeros(4, 4)
+    ref[:, 1] = torch.arange(4.0)
+    assert_tpu_close(base, ref)
+
+
+# ---------------------------------------------------------------- serialization
+
+
+def test_save_tpu_tensor_load_on_cpu(tmp_path):
+    x = torch.randn(3, 4)
+    path = tmp_path / "t.pt"
+    torch.save({"t": x.to("tpu"), "v": x.to("tpu")[:, 1]}, path)
+    loaded = torch.load(path, map_location="cpu")
+    assert loaded["t"].device.type == "cpu"
+    torch.testing.assert_close(loaded["t"], x)
+    torch.testing.assert_close(loaded["v"], x[:, 1])
+
+
+def test_load_cpu_file_onto_tpu(tmp_path):
+    x = torch.randn(3, 4)
+    path = tmp_path / "c.pt"
+    torch.save(x, path)
+    loaded = torch.load(path, map_location="tpu")
+    assert loaded.device.type == "tpu"
+    assert_tpu_close(loaded, x)
+
+
+def test_state_dict_roundtrip_through_tpu(tmp_path):
+    m = torch.nn.Linear(3, 2).to("tpu")
+    path = tmp_path / "m.pt"
+    torch.save(m.state_dict(), path)
+    sd = torch.load(path, map_location="cpu")
+    assert_tpu_close(m.weight, sd["weight"])
+
+
+# ---------------------------------------------------------------- printing
+
+
+def test_repr_shows_values_and_device():
+    x = torch.tensor([[1.5, -2.25], [3.0, 4.125]])
+    text = repr(x.to("tpu"))
+    assert "device='tpu:0'" in text
+    for v in ("1.5000", "-2.2500", "3.0000", "4.1250"):
+        assert v in text
+    assert "tensor(" in text
+    text = str(torch.tensor([7, 8, 9], device="tpu"))
+    assert "7" in text and "9" in text and "device='tpu:0'" in text
+    g = torch.ones(2, device="tpu", requires_grad=True)
+    assert "requires_grad=True" in repr(g)
+    assert "grad_fn=" in repr(g * 2)
+
+
+# ---------------------------------------------------------------- RNG
+
+
+def test_manual_seed_reproduces_dropout():
+    x = torch.ones(64, 64, device="tpu")
+    torch.tpu.manual_seed(1234)
+    a = F.dropout(x, p=0.5, training=True).cpu()
+    b = F.dropout(x, p=0.5, training=True).cpu()
+    torch.tpu.manual_seed(1234)
+    c = F.dropout(x, p=0.5, training=True).cpu()
+    assert torch.equal(a, c)
+    assert not torch.equal(a, b)
+    # a plausible dropout: kept entries scaled by 1/(1-p), about half kept
+    assert set(a.unique().tolist()) <= {0.0, 2.0}
+    assert 0.35 < (a != 0).float().mean().item() < 0.65
+
+
+def test_torch_manual_seed_seeds_tpu():
+    x = torch.ones(32, 32, device="tpu")
+    torch.manual_seed(7)
+    a = F.dropout(x, 0.5, True).cpu()
+    torch.manual_seed(7)
+    b = F.dropout(x, 0.5, True).cpu()
+    assert torch.equal(a, b)
+
+
+def test_rng_state_roundtrip():
+    torch.tpu.manual_seed(99)
+    x = torch.ones(16, 16, device="tpu")
+    state = torch.tpu.get_rng_state()
+    assert state.dtype == torch.uint8 and state.numel() == 16
+    assert int.from_bytes(bytes(state[:8].tolist()), "little") == 99
+    a = torch.rand(16, 16, device="tpu").cpu()
+    moved = torch.tpu.get_rng_state()
+    assert not torch.equal(moved, state)  # the offset advanced
+    torch.tpu.set_rng_state(state)
+    b = torch.rand(16, 16, device="tpu").cpu()
+    assert torch.equal(a, b)
+    assert torch.equal(torch.tpu.get_rng_state(), moved)
+    assert torch.tpu.initial_seed() == 99
+
+
+def test_fork_rng():
+    torch.tpu.manual_seed(5)
+    with torch.random.fork_rng(device_type="tpu"):
+        inside = torch.rand(8, device="tpu").cpu()
+    after = torch.rand(8, device="tpu").cpu()
+    assert torch.equal(inside, after)  # the state was restored on exit
+
+
+def test_rand_distributions_plausible():
+    torch.tpu.manual_seed(0)
+    u = torch.rand(4096, device="tpu").cpu()
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.05
+    n = torch.randn(4096, device="tpu").cpu()
+    assert abs(n.mean()) < 0.1 and abs(n.std() - 1) < 0.1
+
+
+# ---------------------------------------------------------------- multiple devices
+
+
+def test_two_devices():
+    check_py(
+        """
+        import torch, torchtpu
+        assert torch.tpu.device_count() == 2, torch.tpu.device_count()
+        x = torch.arange(6.0).reshape(2, 3)
+        a = x.to("tpu:1")
+        assert a.device == torch.device("tpu", 1)
+        b = (a * 2 + 1).sum(0)
+        assert b.device == torch.device("tpu", 1), b.device
+        torch.testing.assert_close(b.cpu(), (x * 2 + 1).sum(0))
+        c = b.to("tpu:0")
+        assert c.device == torch.device("tpu", 0)
+        torch.testing.assert_close(c.cpu(), (x * 2 + 1).sum(0))
+        d = c.to("tpu:1")
+        assert d.device.index == 1
+        torch.testing.assert_close(d.cpu(), c.cpu())
+        dst = torch.zeros(3, device="tpu:0")
+        dst.copy_(b)
+        torch.testing.assert_close(dst.cpu(), b.cpu())
+        with torch.tpu.device(1):
+            e = torch.ones(2, device="tpu")
+            assert e.device.index == 1, e.device
+        torch.tpu.set_device(1)
+        assert torch.tpu.current_device() == 1
+        assert torch.ones(1, device="tpu").device.index == 1
+        torch.tpu.set_device(0)
+        try:
+            c + b
+        except RuntimeError as err:
+            assert "device" in str(err), err
+        else:
+            raise AssertionError("tpu:0 + tpu:1 did not raise")
+        print("ok")
+        """,
+        env={"TORCHTPU_NUM_DEVICES": "2"},
+    )
+
+
+# ---------------------------------------------------------------- streams, events, sync
+
+
+def test_synchronize():
+    x = torch.randn(64, 64, device="tpu")
+    for _ in range(3):
+        x = x @ x * 0.01
+    torch.tpu.synchronize()
+    torch.tpu.synchronize("tpu:0")
+    assert torch.isfinite(x).all().item()
+
+
+def test_stream_and_event():
+    s = torch.tpu.Stream()
+    assert s.device.type == "tpu" and s.device_index == 0
+    cur = torch.tpu.current_stream()
+    assert cur.device.type == "tpu"
+    with torch.tpu.stream(s):
+        assert torch.tpu.current_stream() is s
+        y = torch.ones(8, device="tpu") * 3
+    e = torch.tpu.Event()
+    e.record()
+    e.synchronize()
+    assert e.query()
+    e2 = s.record_event()
+    s.wait_event(e2)
+    s.wait_stream(cur)
+    s.synchronize()
+    assert_tpu_close(y, torch.full((8,), 3.0))
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_metrics_counters_move():
+    x = torch.randn(5, 7, device="tpu")
+    torchtpu.reset_metrics()
+    m0 = torchtpu.metrics()
+    assert m0["ops"] == 0 and m0["cache_hits"] == 0
+    y = torch.sin(x) * 3  # compiles or hits
+    y = torch.sin(x) * 3  # must hit the cache
+    m1 = torchtpu.metrics()
+    assert m1["ops"] >= 4
+    assert m1["executions"] >= 4
+    assert m1["cache_hits"] >= 2
+    syncs = m1["host_syncs"]
+    y.sum().item()
+    m2 = torchtpu.metrics()
+    assert m2["host_syncs"] == syncs + 1
+    assert m2["bytes_to_host"] >= m1["bytes_to_host"] + 4
+    torch.ones(100).to("tpu")
+    assert torchtpu.metrics()["bytes_to_device"] >= m2["bytes_to_device"] + 400
+    z = torch.cos(torch.randn(3, 11, 2, device="tpu"))  # a new program
+    del z
+    assert torchtpu.metrics()["compiles"] > m2["compiles"]
+    report = torchtpu.metrics_report()
+    assert "cache_hits" in report and "host_syncs" in report
+
+
+# ---------------------------------------------------------------- eager modes
+
+
+def test_eager_mode_setter_and_context():
+    assert torchtpu.get_eager_mode() == "strict"
+    torchtpu.eager_mode("debug")
+    assert torchtpu.get_eager_mode() == "debug"
+    torchtpu.eager_mode("strict")
+    assert torchtpu.get_eager_mode() == "strict"
+    with torchtpu.eager_mode("debug"):
+        assert torchtpu.get_eager_mode() == "debug"
+        with torchtpu.eager_mode("strict"):
+            assert torchtpu.get_eager_mode() == "strict"  # innermost wins
+        assert torchtpu.get_eager_mode() == "debug"
+    assert torchtpu.get_eager_mode() == "strict"
+    with pytest.raises(ValueError):
+        torchtpu.eager_mode("lazy")
+
+
+def test_eager_mode_context_is_thread_local():
+    seen = {}
+    started = threading.Event()
+    release = threading.Event()
+
+    def worker():
+        seen["before"] = torchtpu.get_eager_mode()
+        started.set()
+        release.wait(10)
+        seen["during"] = torchtpu.get_eager_mode()
+        seen["value"] = (torch.ones(3, device="tpu") * 2).cpu()
+
+    with torchtpu.eager_mode("debug"):
+        t = threading.Thread(target=worker)
+        t.start()
+        started.wait(10)
+        assert torchtpu.get_eager_mode() == "debug"
+        release.set()
+        t.join(30)
+    assert seen["before"] == "strict"
+    assert seen["during"] == "strict"
+    assert torch.equal(seen["value"], torch.full((3,), 2.0))
+    # and a context entered in another thread does not leak here
+    inner = {}
+
+    def worker2():
+        with torchtpu.eager_mode("debug"):
+            inner["mode"] = torchtpu.get_eager_mode()
+
+    t = threading.Thread(target=worker2)
+    t.start()
+    t.join(30)
+    assert inner["mode"] == "debug"
+    assert torchtpu.get_eager_mode() == "strict"
+
+
+def test_debug_mode_computes_the_same():
+    torch.manual_seed(0)
+    x = torch.randn(6, 5)
+    w = torch.randn(5, 4, requires_grad=True)
+    results = {}
+    for mode in ("strict", "debug"):
+        with torchtpu.eager_mode(mode):
+            wt = tpu(w)
+            out = torch.softmax(x.to("tpu") @ wt, dim=-1).log().mean()
+            out.backward()
+            results[mode] = (out.detach().cpu(), wt.grad.cpu())
+    ref = torch.softmax(x @ w, dim=-1).log().mean()
+    ref.backward()
+    for mode, (val, grad) in results.items():
+        torch.testing.assert_close(val, ref.detach(), msg=mode)
+        torch.testing.assert_close(grad, w.grad, msg=mode)
+
+
+def test_env_selects_debug_mode():
+    code = """
+        import torch, torchtpu
+        assert torchtpu.get_eager_mode() == "debug", torchtpu.get_eager_mode()
+        x = torch.arange(4.0, device="tpu")
+        assert (x * 2).cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+        print("ok")
+    """
+    check_py(code, env={"TORCHTPU_EAGER": "debug"})
+    check_py(code, env={"TPU_LAUNCH_BLOCKING": "1"})
