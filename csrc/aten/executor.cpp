@@ -7,6 +7,9 @@
 
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/min.h>
+#include <c10/core/WrapDimMinimal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -447,6 +450,36 @@ void check_same_device(const std::string& name, const Slots& slots) {
                 " and tpu:", s->device, "; move them with .to()");
 }
 
+// Debug Eager: integer index arguments must be in range before the op runs
+// (XLA clamps out-of-range gathers silently).
+void check_index(const std::string& op, const at::Tensor& idx, int64_t size, int64_t dim) {
+  if (!idx.defined() || idx.numel() == 0 || !c10::isIntegralType(idx.scalar_type(), false)) return;
+  at::Tensor h = idx.to(c10::kCPU);
+  int64_t lo = h.min().item<int64_t>(), hi = h.max().item<int64_t>();
+  TORCH_CHECK_INDEX(lo >= -size && hi < size, "[tpu] aten::", op, ": index ", hi >= size ? hi : lo,
+                    " is out of bounds for dimension ", dim, " with size ", size);
+}
+
+void debug_index_checks(const OpInfo& info, const torch::jit::Stack& args, size_t first) {
+  const std::string base = info.name.substr(0, info.name.find('.'));
+  auto arg = [&](int i) -> const c10::IValue& { return args[first + i]; };
+  if (base == "index_select" || base == "gather" || base == "scatter" || base == "scatter_add" ||
+      base == "index_add" || base == "index_copy" || base == "index_fill") {
+    const at::Tensor& self = arg(0).toTensor();
+    int64_t dim = c10::maybe_wrap_dim(arg(1).toInt(), std::max<int64_t>(self.dim(), 1), true);
+    check_index(info.name, arg(2).toTensor(), self.dim() ? self.size(dim) : 1, dim);
+  } else if (base == "index" || base == "index_put" || base == "index_put_" || base == "_index_put_impl_") {
+    const at::Tensor& self = arg(0).toTensor();
+    auto list = arg(1).toList();
+    for (size_t k = 0; k < list.size() && static_cast<int64_t>(k) < self.dim(); ++k) {
+      c10::IValue e = list.get(k);
+      if (e.isTensor()) check_index(info.name, e.toTensor(), self.size(k), static_cast<int64_t>(k));
+    }
+  } else if (base == "embedding_dense_backward") {
+    check_index(info.name, arg(1).toTensor(), arg(2).toInt(), 0);
+  }
+}
+
 void debug_checks(const std::string& what, const std::vector<pjrt::BufferPtr>& outs) {
   for (const auto& o : outs) o->await_ready();
   if (!check_nans()) return;
@@ -492,6 +525,7 @@ void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
   for (size_t i = 0; i < n; ++i)
     key_ivalue(key, (*stack)[first + i], info.scalar_arg[i] != 0, slots);
   check_same_device(info.name, slots);
+  if (mode() == Mode::Debug) debug_index_checks(info, *stack, first);
 
   std::shared_ptr<Entry> entry;
   {

@@ -3,6 +3,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <deque>
@@ -184,10 +185,29 @@ void delete_storage(void* ctx) {
   delete s;
 }
 
+// Device memory the allocator hands out: TORCHTPU_MEMORY_LIMIT bytes, else the
+// host's physical memory (the XLA:CPU plugin allocates there).
+int64_t memory_limit() {
+  static int64_t limit = [] {
+    if (const char* v = std::getenv("TORCHTPU_MEMORY_LIMIT")) return static_cast<int64_t>(std::atoll(v));
+    return static_cast<int64_t>(sysconf(_SC_PAGE_SIZE)) * static_cast<int64_t>(sysconf(_SC_PHYS_PAGES));
+  }();
+  return limit;
+}
+
+void check_capacity(size_t n, int dev) {
+  int64_t in_use = metrics().bytes_in_use.load(), limit = memory_limit();
+  TORCH_CHECK_WITH(OutOfMemoryError, static_cast<int64_t>(n) <= limit - in_use,
+                   "[tpu] out of memory on tpu:", dev, ": tried to allocate ", n, " bytes with ",
+                   in_use, " bytes in use of ", limit,
+                   " available. Free tensors, use smaller batches, or raise TORCHTPU_MEMORY_LIMIT.");
+}
+
 class TpuAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     int dev = current_device();
+    check_capacity(n, dev);
     auto* s = new DeviceStorage();
     s->device = dev;
     s->nbytes = n;

@@ -1,0 +1,93 @@
+"""Benchmarks (`make bench`): host overhead per op and training-step time, tpu Strict
+Eager vs torch CPU eager, measured in one run. Prints a markdown table.
+
+Timings on a shared 2-core machine are noisy: compare the ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import torchtpu  # noqa: E402
+from models import GPT, MLP, copy_task_batch  # noqa: E402
+
+
+def add_chain(device: str, n: int) -> tuple[float, float]:
+    """(host µs per op for n dependent adds, total µs per op including the final sync)."""
+    x = torch.ones(8, device=device)
+    y = torch.ones(8, device=device)
+    for _ in range(50):  # warm-up: compile and cache
+        x = x + y
+    if device == "tpu":
+        torch.tpu.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x = x + y
+    t1 = time.perf_counter()
+    x.cpu()
+    t2 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+
+
+def step_time(model_fn, batches, device: str, steps: int, warmup: int = 3) -> float:
+    """Median seconds per AdamW training step (forward, backward, clip, step, loss.item())."""
+    torch.manual_seed(0)
+    model = model_fn().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times = []
+    for i in range(warmup + steps):
+        x, y = (t.to(device) for t in batches[i % len(batches)])
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        out = model(x, y) if isinstance(model, GPT) else torch.nn.functional.cross_entropy(model(x), y)
+        out.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        out.item()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--adds", type=int, default=10_000)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+
+    rows = []
+    cpu_host, cpu_total = add_chain("cpu", args.adds)
+    tpu_host, tpu_total = add_chain("tpu", args.adds)
+    rows.append(("add chain: host µs/op", cpu_host, tpu_host))
+    rows.append(("add chain: total µs/op (incl. sync)", cpu_total, tpu_total))
+
+    gen = torch.Generator().manual_seed(0)
+    mlp_batches = [(torch.randn(64, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen))
+                   for _ in range(4)]
+    gpt_batches = [copy_task_batch(gen, 8, 32, 64) for _ in range(4)]
+    for name, fn, batches in (("MLP", MLP, mlp_batches), ("GPT", GPT, gpt_batches)):
+        c = step_time(fn, batches, "cpu", args.steps) * 1e3
+        t = step_time(fn, batches, "tpu", args.steps) * 1e3
+        rows.append((f"{name} train step ms", c, t))
+
+    m = torchtpu.metrics()
+    print(f"platform: {torch.tpu.get_device_name()}, torch {torch.__version__}, "
+          f"{os.cpu_count()} CPU cores")
+    print("| benchmark | torch CPU eager | tpu Strict Eager | tpu / CPU |")
+    print("|---|---:|---:|---:|")
+    for name, c, t in rows:
+        print(f"| {name} | {c:.1f} | {t:.1f} | {t / c:.2f}x |")
+    print(f"\ncompiles: {m['compiles']}, cache hits: {m['cache_hits']}, "
+          f"compile seconds: {m['compile_seconds']:.1f}")
+
+
+if __name__ == "__main__":
+    main()
