@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "aten/executor.h"
+#include "cache/compile_cache.h"
 #include "lower/types.h"
 #include "lower/view.h"
 
@@ -35,7 +36,7 @@ std::vector<pjrt::BufferPtr> run_internal(const std::string& key,
   if (!exe) {
     Builder b;
     build(b);
-    exe = client().compile(b.module());
+    exe = cache::process_cache(client_ptr()).get(b.module());
     metrics().compiles++;
     std::lock_guard<std::mutex> lock(mu);
     programs.emplace(key, exe);
@@ -82,10 +83,7 @@ DeviceStorage& ready_storage(const at::Tensor& t) {
 
 Value load_flat(Builder& b, const DeviceStorage& st, DType want) {
   Value flat = b.param(Type{st.dtype, {static_cast<int64_t>(st.buffer->numel())}});
-  if (st.dtype == want) return flat;
-  TORCH_CHECK(itemsize(st.dtype) == itemsize(want), "[tpu] viewing a ", mlir_name(st.dtype),
-              " storage as ", mlir_name(want), " (another element size) is not supported");
-  return b.bitcast_convert(flat, want);
+  return b.reinterpret_flat(flat, want);
 }
 
 bool whole_storage(const at::Tensor& t, const DeviceStorage& st) {
@@ -116,8 +114,8 @@ void write_dense(const at::Tensor& dst, const pjrt::BufferPtr& value_buf) {
         Value v = b.param(Type{value_buf->dtype(), {dst.numel()}});
         Value flat = b.param(Type{sd, {n}});
         Value view = b.convert(b.reshape(v, dst.sizes().vec()), d);
-        if (sd != d) view = b.bitcast_convert(view, sd);
-        b.ret({lower::write_view(b, flat, geom(dst), view)});
+        Value written = lower::write_view(b, b.reinterpret_flat(flat, d), geom(dst), view);
+        b.ret({b.reinterpret_flat(written, sd)});
       },
       {value_buf, st.buffer}, st.device);
   st.buffer = outs[0];

@@ -1,5 +1,6 @@
 #include "aten/executor.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/TensorOptions.h>
@@ -19,6 +20,7 @@
 #include <unordered_map>
 
 #include "aten/generator.h"
+#include "cache/compile_cache.h"
 #include "lower/helpers.h"
 #include "lower/types.h"
 #include "lower/view.h"
@@ -219,7 +221,8 @@ class CallCtx final : public lower::Ctx {
       auto l = v.toList();
       for (size_t j = 0; j < l.size(); ++j) {
         c10::IValue e = l.get(j);
-        out.push_back(e.isNone() ? Value{} : load(e.toTensor(), i, static_cast<int>(j)));
+        bool absent = e.isNone() || (e.isTensor() && !e.toTensor().defined());
+        out.push_back(absent ? Value{} : load(e.toTensor(), i, static_cast<int>(j)));
       }
     }
     return out;
@@ -261,14 +264,15 @@ class CallCtx final : public lower::Ctx {
     auto g = geom(t);
     DeviceStorage* st = slots_.storages[slot];
     int64_t n = storage_elems(*st, d);
+    at::assert_no_internal_overlap(t);  // as eager: no writes into expanded views
     v = lower::coerce(b, v, Type{d, t.sizes().vec()});
     if (g.contiguous() && g.offset == 0 && g.numel() == n && !current_[slot].valid()) {
       current_[slot] = b.reshape(v, {n});  // whole overwrite: the old value is never read
     } else {
       Value flat = storage(slot, d);
-      TORCH_CHECK(flat.dtype() == d, "[tpu] ", info_.name, ": in-place write of ",
-                  t.scalar_type(), " into a storage holding another dtype is not supported");
-      current_[slot] = lower::write_view(b, flat, g, v);
+      DType held = flat.dtype();
+      // Write in the view's dtype, then store back in the storage's dtype.
+      current_[slot] = b.reinterpret_flat(lower::write_view(b, b.reinterpret_flat(flat, d), g, v), held);
     }
     if (std::find(written_.begin(), written_.end(), slot) == written_.end())
       written_.push_back(slot);
@@ -286,12 +290,7 @@ class CallCtx final : public lower::Ctx {
     }
     int slot = slots_.slot(&device_storage(t.storage()));
     Value flat = storage(slot, d);
-    if (flat.dtype() != d) {
-      TORCH_CHECK(itemsize(flat.dtype()) == itemsize(d), "[tpu] ", info_.name, ": viewing ",
-                  mlir_name(flat.dtype()), " storage as ", t.scalar_type(),
-                  " (another element size) is not supported");
-      flat = b.bitcast_convert(flat, d);
-    }
+    flat = b.reinterpret_flat(flat, d);  // a storage viewed as another dtype
     return lower::read_view(b, flat, geom(t));
   }
 
@@ -415,7 +414,7 @@ std::shared_ptr<Entry> compile_call(const c10::OperatorHandle& op, const OpInfo&
   }
   b.ret(results);
   auto t0 = std::chrono::steady_clock::now();
-  entry->exe = client().compile(b.module());
+  entry->exe = cache::process_cache(client_ptr()).get(b.module());
   auto dt = std::chrono::steady_clock::now() - t0;
   metrics().compiles++;
   metrics().compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count();

@@ -2,6 +2,7 @@
 // (allocation, views, copies, scalars) and one boxed kernel for everything
 // else, which runs lowering rules (or the CPU fallback when asked).
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -113,6 +114,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return dst;
+  if (dst.device().is_privateuseone()) at::assert_no_internal_overlap(dst);
   if (self.device().is_privateuseone() && dst.device().is_privateuseone()) {
     device_copy(self, dst);
   } else if (dst.device().is_privateuseone()) {

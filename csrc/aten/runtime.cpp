@@ -76,7 +76,7 @@ Mode initial_mode() {
   if ((m && std::string(m) == "debug") || env_true("TPU_LAUNCH_BLOCKING")) return Mode::Debug;
   return Mode::Strict;
 }
-std::atomic<int> global_mode{static_cast<int>(initial_mode())};
+std::atomic<int> global_mode_value{static_cast<int>(initial_mode())};
 
 }  // namespace
 
@@ -116,8 +116,9 @@ void set_current_device(int index) {
   tls_device = index;
 }
 
-Mode mode() { return static_cast<Mode>(tls_mode >= 0 ? tls_mode : global_mode.load()); }
-void set_mode(Mode m) { global_mode = static_cast<int>(m); }
+Mode mode() { return static_cast<Mode>(tls_mode >= 0 ? tls_mode : global_mode_value.load()); }
+Mode global_mode() { return static_cast<Mode>(global_mode_value.load()); }
+void set_mode(Mode m) { global_mode_value = static_cast<int>(m); }
 void set_thread_mode(int m) { tls_mode = m; }
 
 static bool env_flag(const char* name) {

@@ -41,7 +41,8 @@ void resize_storage(const c10::Storage& storage, size_t nbytes);
 
 // Eager modes: strict (async, default), debug (waits on every op, checks).
 enum class Mode { Strict, Debug };
-Mode mode();
+Mode mode();                         // this thread's (context manager) or the global one
+Mode global_mode();
 void set_mode(Mode m);               // global
 void set_thread_mode(int m);         // -1 = follow global, else Mode
 bool check_nans();

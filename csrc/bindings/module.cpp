@@ -7,6 +7,7 @@
 #include "aten/executor.h"
 #include "aten/generator.h"
 #include "aten/runtime.h"
+#include "cache/compile_cache.h"
 
 namespace py = pybind11;
 using namespace torchtpu::aten;
@@ -28,6 +29,31 @@ py::dict metrics_dict() {
   py::dict fb;
   for (auto& [name, count] : fallback_report()) fb[py::str(name)] = count;
   d["fallback_ops"] = fb;
+  return d;
+}
+
+// Process counters of the compile cache plus the local directory's contents.
+py::dict cache_stats_dict() {
+  namespace tc = torchtpu::cache;
+  tc::Stats s = tc::process_stats();
+  tc::Config c = tc::Config::from_env();
+  tc::Usage u = c.local_dir.empty() ? tc::Usage{} : tc::DiskStore(c.local_dir).usage();
+  py::dict d;
+  d["requests"] = s.requests;
+  d["memory_hits"] = s.memory_hits;
+  d["disk_hits"] = s.disk_hits;
+  d["shared_hits"] = s.shared_hits;
+  d["misses"] = s.misses;
+  d["errors"] = s.errors;
+  d["evictions"] = s.evictions;
+  d["compile_seconds"] = s.compile_seconds;
+  d["compile_seconds_saved"] = s.saved_seconds;
+  d["load_seconds"] = s.load_seconds;
+  d["entries"] = u.entries;
+  d["bytes"] = u.bytes;
+  d["dir"] = c.local_dir;
+  d["shared_dir"] = c.shared_dir;
+  d["max_bytes"] = c.max_bytes;
   return d;
 }
 
@@ -76,8 +102,20 @@ PYBIND11_MODULE(_C, m) {
     TORCH_CHECK(s == "strict" || s == "debug" || s == "", "[tpu] unknown eager mode '", s, "'");
     set_thread_mode(s.empty() ? -1 : static_cast<int>(s == "debug" ? Mode::Debug : Mode::Strict));
   });
+  m.def("get_global_mode", [] { return global_mode() == Mode::Debug ? "debug" : "strict"; });
   m.def("get_mode", [] { return mode() == Mode::Debug ? "debug" : "strict"; });
   m.def("metrics", &metrics_dict);
+  m.def("cache_stats", &cache_stats_dict,
+        "Compile cache counters of this process (requests, memory/disk/shared hits, misses =\n"
+        "compiles, errors ignored, evictions, compile seconds spent and saved, load seconds)\n"
+        "and the local cache directory's entries and bytes.");
+  m.def("_cache_usage", [](const std::string& dir) {
+    auto u = torchtpu::cache::DiskStore(dir).usage();
+    return std::make_pair(u.entries, u.bytes);
+  });
+  m.def("_cache_evict", [](const std::string& dir, int64_t max_bytes) {
+    return torchtpu::cache::DiskStore(dir).evict(max_bytes);
+  });
   m.def("reset_metrics", [] {
     auto& x = metrics();
     for (auto* c : {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs,

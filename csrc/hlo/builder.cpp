@@ -333,6 +333,29 @@ Value Builder::bitcast_convert(Value x, DType to) {
   return op("bitcast_convert", {x}, "", Type{to, x.shape()});
 }
 
+Value Builder::reinterpret_flat(Value x, DType to) {
+  if (x.dtype() == to) return x;
+  if (x.rank() != 1) fail("reinterpret_flat", "expects a rank-1 value, got " + x.type.str());
+  if (x.dtype() == DType::Bool) x = convert(x, DType::U8);
+  DType target = to == DType::Bool ? DType::U8 : to;
+  const int64_t a = static_cast<int64_t>(itemsize(x.dtype()));
+  const int64_t c = static_cast<int64_t>(itemsize(target));
+  const int64_t n = x.shape()[0];
+  Value out;
+  if (a == c) {
+    out = bitcast_convert(x, target);
+  } else if (a > c) {
+    // One wide element -> a/c narrow ones: bitcast adds a trailing dim.
+    out = op("bitcast_convert", {x}, "", Type{target, {n, a / c}});
+    out = reshape(out, {n * (a / c)});
+  } else {
+    if (n % (c / a) != 0) fail("reinterpret_flat", "length is not a whole number of elements");
+    Value grouped = reshape(x, {n / (c / a), c / a});
+    out = op("bitcast_convert", {grouped}, "", Type{target, {n / (c / a)}});
+  }
+  return to == DType::Bool ? convert(out, DType::Bool) : out;
+}
+
 // ---------------------------------------------------------------- shape
 
 Value Builder::reshape(Value x, const Shape& shape) {

@@ -67,6 +67,9 @@ class Builder {
   Value clamp(Value lo, Value x, Value hi);
   Value convert(Value x, DType to);          // no-op when dtype already matches
   Value bitcast_convert(Value x, DType to);  // same itemsize only
+  // Reinterprets the bytes of a rank-1 value as another dtype (any element
+  // sizes; bool is read as one byte per element). Length scales accordingly.
+  Value reinterpret_flat(Value x, DType to);
 
   // --- shape
   Value reshape(Value x, const Shape& shape);  // no-op when shape matches

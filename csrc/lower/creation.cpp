@@ -189,6 +189,31 @@ TPU_LOWERING(creation_random) {
     Ex u = 1.0 - uniform01(c, o.shape, rand_dtype(o.dtype));  // (0, 1]
     return {(u.un("log") / std::log1p(-c.f64(1))).un("ceil")};
   });
+  // (self, num_samples, replacement): rows of self are unnormalized weights.
+  reg("multinomial", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value p0 = c.in(0);
+    DType t = rand_dtype(p0.dtype());
+    int64_t cats = p0.shape().back(), k = c.i64(1), rows = p0.type.numel() / cats;
+    Ex p(b, b.reshape(b.convert(p0, t), {rows, cats}));
+    if (!c.flag(2)) {
+      // Gumbel top-k: sorting log p + Gumbel noise samples without replacement.
+      Ex u = draw(uniform01(c, {rows, cats}, t), 0);
+      Ex key = p.un("log") - (-(1.0 - u).un("log")).un("log");
+      Value idx = b.iota(Type{DType::I64, {rows, cats}}, 1);
+      Value s = b.sort({key.v, idx}, 1, true)[1];
+      return {b.slice(s, {0, 0}, {rows, k}, {})};
+    }
+    // Inverse CDF: count the categories whose cumulative weight is <= u * total.
+    Value cdf = b.reduce_window(p.v, b.constant(0, t), hlo::Reducer::Add, {1, cats}, {},
+                                {0, cats - 1}, {0, 0});
+    Ex total(b, b.slice(cdf, {0, cats - 1}, {rows, cats}, {}));
+    Ex u = draw(uniform01(c, {rows, k}, t), 0) * total;
+    Ex cdf3(b, b.reshape(cdf, {rows, 1, cats})), u3(b, b.reshape(u.v, {rows, k, 1}));
+    Value cnt = cdf3.cmp(hlo::Cmp::LE, u3).to(DType::I64).v;
+    Ex idx(b, b.reduce(cnt, b.constant(0, DType::I64), {2}, hlo::Reducer::Add));
+    return {minimum(idx, idx.k(static_cast<double>(cats - 1)))};
+  });
   // randperm.generator_out(n, generator, *, out): argsort of random keys.
   reg("randperm.generator_out", [](Ctx& c) -> V {
     Builder& b = c.b;

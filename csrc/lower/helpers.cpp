@@ -201,8 +201,8 @@ Ex minimum(const Ex& x, const Ex& y) { return x.bin("minimum", y); }
 Ex where(const Ex& pred, const Ex& x, const Ex& y) {
   Shape s = broadcast_shapes(pred.v.shape(), broadcast_shapes(x.v.shape(), y.v.shape()));
   Builder& b = *x.b;
-  return Ex(b, b.select(broadcast_to(b, b.convert(pred.v, DType::Bool), s),
-                        broadcast_to(b, x.v, s), broadcast_to(b, y.v, s)));
+  return Ex(b, b.select(broadcast_to(b, b.convert(pred.v, DType::Bool), s), broadcast_to(b, x.v, s),
+                        broadcast_to(b, y.v, s)));
 }
 
 }  // namespace torchtpu::lower

@@ -111,6 +111,22 @@ Value index_put(Builder& b, Value x, const std::vector<Value>& idx, Value vals, 
   return b.transpose(b.reshape(out, ts), back);
 }
 
+// For each value, the count of sequence entries < value (<= when right), with
+// the sequence along the last dim (1-D sequences apply to every value).
+Value insertion_points(Builder& b, Value seq, Value vals, bool right) {
+  DType t = promote(seq.dtype(), vals.dtype());
+  Value v = b.convert(vals, t);
+  Shape vs = v.shape();
+  vs.push_back(1);
+  Ex ve(b, b.reshape(v, vs));
+  Shape ss = seq.shape();
+  ss.insert(ss.end() - 1, 1);
+  Ex se(b, b.reshape(b.convert(seq, t), ss));
+  Ex before = right ? se.cmp(Cmp::LE, ve) : se.cmp(Cmp::LT, ve);
+  Value cnt = before.to(DType::I64).v;
+  return b.reduce(cnt, b.constant(0, DType::I64), {cnt.rank() - 1}, hlo::Reducer::Add);
+}
+
 // Index vector along `dim` broadcast to `shape` (for index_add / index_copy).
 Value along(Builder& b, Value idx, const Shape& shape, int64_t dim) {
   return b.broadcast_in_dim(b.reshape(idx, {shape[dim]}), shape, {dim});
@@ -158,6 +174,33 @@ TPU_LOWERING(index_ops) {
       return {b.scatter_along(x, idx, src, dim, add)};
     });
   }
+  // (self, dim, index, value): rows of `dim` named by index are set to value.
+  for (const char* n : {"index_fill.int_Scalar", "index_fill.int_Tensor"}) {
+    reg(n, [](Ctx& c) -> V {
+      Builder& b = c.b;
+      Value x = at_least_1d(b, c.in(0));
+      int64_t dim = wrap_dim(c.i64(1), x.rank()), size = x.shape()[dim];
+      Value idx = wrap_index(b, c.in(2), size);
+      int64_t k = idx.type.numel();
+      idx = b.reshape(idx, {1, k});
+      Ex rows(b, b.iota(Type{DType::I64, {size, k}}, 0));
+      Ex hit = rows.cmp(Cmp::EQ, Ex(b, broadcast_to(b, idx, {size, k})));
+      Value mask = b.reduce(hit.v, b.constant(0, DType::Bool), {1}, hlo::Reducer::Or);
+      mask = b.broadcast_in_dim(mask, x.shape(), {dim});
+      Value v = c.arg(3).isTensor() ? b.convert(c.in(3), x.dtype()) : c.scalar(3, x.dtype());
+      return {where(Ex(b, mask), Ex(b, v), Ex(b, x))};
+    });
+  }
+  // searchsorted.Tensor(sorted_sequence, self, *, out_int32, right, side?, sorter?):
+  // the insertion point is how many sequence entries sort before each value.
+  reg("searchsorted.Tensor", [](Ctx& c) -> V {
+    if (!c.is_none(5)) throw hlo::BuildError("[lower] searchsorted: sorter is not supported");
+    bool right = c.flag(3) || (!c.is_none(4) && c.arg(4).toStringRef() == "right");
+    return {insertion_points(c.b, c.in(0), c.in(1), right)};
+  });
+  // bucketize.Tensor(self, boundaries, *, out_int32, right)
+  reg("bucketize.Tensor",
+      [](Ctx& c) -> V { return {insertion_points(c.b, c.in(1), c.in(0), c.flag(3))}; });
   reg("index.Tensor", [](Ctx& c) -> V { return {index_tensor(c.b, c.in(0), c.list(1))}; });
   // (self, indices, values, accumulate[, unsafe])
   for (const char* n : {"index_put", "_index_put_impl"}) {

@@ -63,7 +63,7 @@ std::pair<Ex, Ex> var_mean(Ctx& c, int dim_arg, int corr_arg, int keep_arg) {
 
 // p-norm with p known only at run time: every special case is computed and
 // the right one selected.
-Ex vector_norm(Ctx& c, const Ex& x, const std::vector<int64_t>& dims, bool keep, Ex p) {
+Ex vector_norm(const Ex& x, const std::vector<int64_t>& dims, bool keep, Ex p) {
   Ex a = x.un("abs");
   Ex two = reduce(a * a, dims, Reducer::Add, keep).un("sqrt");
   Ex one = reduce(a, dims, Reducer::Add, keep);
@@ -80,11 +80,10 @@ Ex vector_norm(Ctx& c, const Ex& x, const std::vector<int64_t>& dims, bool keep,
 }
 
 // Inclusive scan along dim as a reduce_window whose window covers the prefix.
-Ex scan(Ctx& c, Reducer r) {
-  Ex x = input(c);
-  Builder& b = c.b;
+Ex scan(const Ex& x, int64_t dim_arg, Reducer r) {
+  Builder& b = *x.b;
   Value v = at_least_1d(b, x.v);
-  int64_t dim = wrap_dim(c.i64(1), v.rank());
+  int64_t dim = wrap_dim(dim_arg, v.rank());
   int64_t n = v.shape()[dim];
   if (n == 0) return Ex(b, v);
   Shape win(v.rank(), 1), lo(v.rank(), 0), hi(v.rank(), 0);
@@ -120,8 +119,28 @@ TPU_LOWERING(reduce_sum_mean) {
       return {reduce(x, dims_arg(c, hd ? 1 : -1, x.v.rank()), Reducer::Mul)};
     });
   }
-  reg("cumsum", [](Ctx& c) -> V { return {scan(c, Reducer::Add)}; });
-  reg("cumprod", [](Ctx& c) -> V { return {scan(c, Reducer::Mul)}; });
+  reg("cumsum", [](Ctx& c) -> V { return {scan(input(c), c.i64(1), Reducer::Add)}; });
+  reg("cumprod", [](Ctx& c) -> V { return {scan(input(c), c.i64(1), Reducer::Mul)}; });
+  // Shifted by the max along dim so the running sum of exps cannot overflow.
+  for (const char* n : {"logcumsumexp", "_logcumsumexp"}) {
+    reg(n, [](Ctx& c) -> V {
+      Ex x(c.b, at_least_1d(c.b, input(c).v));
+      int64_t dim = wrap_dim(c.i64(1), x.v.rank());
+      Ex m = reduce(x, {dim}, Reducer::Max, true);
+      m = where(m.un("abs").cmp(Cmp::EQ, m.k(INFINITY)), m.k(0), m);
+      return {scan((x - m).un("exponential"), dim, Reducer::Add).un("log") + m};
+    });
+  }
+  reg("trace", [](Ctx& c) -> V {
+    Ex x = input(c);
+    Type it{DType::I64, x.v.shape()};
+    Ex diag = Ex(c.b, c.b.iota(it, 0)).cmp(Cmp::EQ, Ex(c.b, c.b.iota(it, 1)));
+    return {reduce(where(diag, x, x.k(0)), {0, 1}, Reducer::Add)};
+  });
+  reg("count_nonzero.dim_IntList", [](Ctx& c) -> V {
+    Ex x = as_bool(Ex(c.b, c.in(0))).to(DType::I64);
+    return {reduce(x, dims_arg(c, 1, x.v.rank()), Reducer::Add)};
+  });
   reg("logsumexp", [](Ctx& c) -> V {
     Ex x = input(c);
     auto dims = dims_arg(c, 1, x.v.rank());
@@ -170,6 +189,41 @@ TPU_LOWERING(reduce_minmax) {
       return {c.b.reduce_arg(x, wrap_dim(c.i64(1), x.rank()), mx).second};
     });
   }
+  // (self, *, dim?, keepdim) -> (min, max)
+  reg("aminmax", [](Ctx& c) -> V {
+    Ex x(c.b, c.in(0));
+    auto dims = dims_arg(c, 1, x.v.rank());
+    if (x.v.dtype() == DType::Bool)
+      return {reduce(x, dims, Reducer::And), reduce(x, dims, Reducer::Or)};
+    return {reduce_mm(x, dims, Reducer::Min), reduce_mm(x, dims, Reducer::Max)};
+  });
+  // Order statistics by sorting: median (lower middle) and kthvalue.
+  reg("median", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    int64_t n = x.type.numel();
+    Value s = b.sort({b.reshape(x, {n})}, 0, false)[0];
+    Ex m(b, b.reshape(b.slice(s, {(n - 1) / 2}, {(n - 1) / 2 + 1}, {}), {}));
+    if (!is_float(x.dtype())) return {m};
+    Ex xv(b, x);
+    return {
+        where(reduce(xv.cmp(Cmp::NE, xv), reduce_dims({}, x.rank()), Reducer::Or), m.k(NAN), m)};
+  });
+  // median.dim(self, dim, keepdim) / kthvalue(self, k, dim, keepdim)
+  for (auto [name, kth] : {std::pair{"median.dim", false}, std::pair{"kthvalue", true}}) {
+    bool is_kth = kth;
+    reg(name, [is_kth](Ctx& c) -> V {
+      Builder& b = c.b;
+      Value x = at_least_1d(b, c.in(0));
+      int64_t dim = wrap_dim(c.i64(is_kth ? 2 : 1), x.rank()), n = x.shape()[dim];
+      int64_t k = is_kth ? c.i64(1) - 1 : (n - 1) / 2;
+      auto s = b.sort({x, b.iota(Type{DType::I64, x.shape()}, dim)}, dim, false);
+      Shape lo(x.rank(), 0), hi = x.shape();
+      lo[dim] = k;
+      hi[dim] = k + 1;
+      return {b.slice(s[0], lo, hi, {}), b.slice(s[1], lo, hi, {})};
+    });
+  }
   for (const char* n : {"any", "any.dim", "any.dims", "all", "all.dim", "all.dims"}) {
     Reducer r = n[1] == 'n' ? Reducer::Or : Reducer::And;
     bool hd = std::string(n).find('.') != std::string::npos;
@@ -194,8 +248,7 @@ TPU_LOWERING(reduce_stats) {
   });
   reg("linalg_vector_norm", [](Ctx& c) -> V {
     Ex x = input(c);
-    return {
-        vector_norm(c, x, dims_arg(c, 2, x.v.rank()), false, Ex(c.b, c.scalar(1, x.v.dtype())))};
+    return {vector_norm(x, dims_arg(c, 2, x.v.rank()), false, Ex(c.b, c.scalar(1, x.v.dtype())))};
   });
   // norm.Scalar(self, p=2); norm.ScalarOpt_dim(self, p?, dim, keepdim);
   // norm.ScalarOpt_dtype(self, p?, *, dtype).
@@ -205,7 +258,7 @@ TPU_LOWERING(reduce_stats) {
       Ex x = input(c);
       Ex p = c.is_none(1) ? scalar(c.b, 2, x.v.dtype()) : Ex(c.b, c.scalar(1, x.v.dtype()));
       auto dims = has_dim ? dims_arg(c, 2, x.v.rank()) : reduce_dims({}, x.v.rank());
-      return {vector_norm(c, x, dims, false, p)};
+      return {vector_norm(x, dims, false, p)};
     });
   }
 }

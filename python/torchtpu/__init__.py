@@ -13,8 +13,9 @@ import torch
 from . import _C
 from ._modes import eager_mode, get_eager_mode
 from ._metrics import metrics, metrics_report, reset_metrics
+from ._C import cache_stats
 
-__all__ = ["eager_mode", "get_eager_mode", "metrics", "metrics_report", "reset_metrics", "device"]
+__all__ = ["cache_stats", "eager_mode", "get_eager_mode", "metrics", "metrics_report", "reset_metrics", "device"]
 
 
 def _register() -> None:

@@ -24,7 +24,7 @@ class eager_mode:  # noqa: N801  (used like a function)
         if mode not in _MODES:
             raise ValueError(f"unknown eager mode {mode!r}; expected one of {_MODES}")
         self.mode = mode
-        self._global_prev = _C.get_mode()
+        self._global_prev = _C.get_global_mode()
         _C.set_mode(mode)
         self._entered = False
 

@@ -28,10 +28,9 @@ _BACKEND_ENV = (
 for _name in _BACKEND_ENV:
     os.environ.pop(_name, None)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import torchtpu  # noqa: E402
+import pytest
+import torch
+import torchtpu
 
 PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 
@@ -54,15 +53,19 @@ def run_py(code: str, env: dict | None = None, timeout: float = 180) -> subproce
         capture_output=True,
         text=True,
         timeout=timeout,
+        check=False,
     )
 
 
-def check_py(code: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+def check_py(
+    code: str, env: dict | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess:
     """``run_py`` that fails the test (showing the subprocess output) unless the
     code exits with status 0."""
     proc = run_py(code, env, timeout)
     assert proc.returncode == 0, (
-        f"subprocess exited with {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        f"subprocess exited with {proc.returncode}\n"
+        f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
     )
     return proc
 
@@ -83,7 +86,9 @@ def assert_tpu_close(actual, expected, **tol) -> None:
             assert_tpu_close(a, e, **tol)
         return
     if not isinstance(expected, torch.Tensor):
-        assert actual == pytest.approx(expected, rel=tol.get("rtol", 1e-5), abs=tol.get("atol", 1e-5))
+        assert actual == pytest.approx(
+            expected, rel=tol.get("rtol", 1e-5), abs=tol.get("atol", 1e-5)
+        )
         return
     assert isinstance(actual, torch.Tensor), f"expected a tensor, got {type(actual)}"
     assert actual.device.type == "tpu", f"result on {actual.device}, expected tpu"

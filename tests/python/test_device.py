@@ -8,9 +8,8 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_tpu_close, check_py, tpu
-
 import torchtpu
+from conftest import assert_tpu_close, check_py, tpu
 
 ALL_DTYPES = [
     torch.float32,
@@ -165,7 +164,9 @@ def test_noncontiguous_device_views_to_host(dtype):
 
 
 @pytest.mark.parametrize("src", ALL_DTYPES, ids=str)
-@pytest.mark.parametrize("dst", [torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize(
+    "dst", [torch.float32, torch.bfloat16, torch.int32, torch.int64, torch.bool], ids=str
+)
 def test_cross_dtype_copy_on_device(src, dst):
     x = make((2, 3), src, seed=3)
     d = torch.empty(2, 3, dtype=dst, device="tpu")
@@ -258,7 +259,6 @@ def test_torch_manual_seed_seeds_tpu():
 
 def test_rng_state_roundtrip():
     torch.tpu.manual_seed(99)
-    x = torch.ones(16, 16, device="tpu")
     state = torch.tpu.get_rng_state()
     assert state.dtype == torch.uint8 and state.numel() == 16
     assert int.from_bytes(bytes(state[:8].tolist()), "little") == 99

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_tpu_close, check_py, run_py
-
 import torchtpu
+from conftest import assert_tpu_close, check_py, run_py
 
 # An ATen op without a tpu lowering (histc: data-dependent bucketing).
 UNSUPPORTED_OP = "histc"
@@ -271,3 +270,28 @@ def test_nan_passes_without_check():
     with torchtpu.eager_mode("debug"):
         out = torch.log(torch.tensor([-1.0], device="tpu"))
     assert out.isnan().all().item()
+
+
+def _idx(*v):
+    return torch.tensor(v, device="tpu")
+
+
+OOB = {
+    "index": lambda x: x[_idx(7)],
+    "index_negative": lambda x: x[_idx(-4)],
+    "index_select": lambda x: x.index_select(0, _idx(5)),
+    "gather": lambda x: x.gather(1, _idx([9])),
+    "embedding": lambda x: torch.nn.functional.embedding(_idx(10), x),
+    "index_put_": lambda x: x.index_put_((_idx(3),), torch.tensor(1.0, device="tpu")),
+    "scatter": lambda x: x.scatter(1, _idx([4]), 1.0),
+}
+
+
+@pytest.mark.parametrize("name", list(OOB), ids=str)
+def test_index_out_of_bounds_in_debug_mode(name):
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    with torchtpu.eager_mode("debug"), pytest.raises(IndexError) as info:
+        OOB[name](x).cpu()
+    assert "out of bounds" in str(info.value)
+    assert "aten::" in str(info.value)
+    _still_works()

@@ -4,8 +4,8 @@ modes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pytest
 import torch
@@ -136,8 +136,18 @@ OPS = [
     Op("sub_bcast_col", torch.sub, (f(3, 4), f(3, 1))),
     Op("mul_bcast_3d", torch.mul, (f(2, 3, 4), f(3, 1))),
     Op("div", torch.div, (f(3, 4), p(3, 4))),
-    Op("div_floor", lambda a, b: torch.div(a * 4, b, rounding_mode="floor"), (f(3, 4), p(3, 4)), grad=False),
-    Op("div_trunc", lambda a, b: torch.div(a * 4, b, rounding_mode="trunc"), (f(3, 4), p(3, 4)), grad=False),
+    Op(
+        "div_floor",
+        lambda a, b: torch.div(a * 4, b, rounding_mode="floor"),
+        (f(3, 4), p(3, 4)),
+        grad=False,
+    ),
+    Op(
+        "div_trunc",
+        lambda a, b: torch.div(a * 4, b, rounding_mode="trunc"),
+        (f(3, 4), p(3, 4)),
+        grad=False,
+    ),
     Op("pow_tensor", torch.pow, (p(3, 4), f(3, 4))),
     Op("maximum", torch.maximum, (f(3, 4), f(3, 4))),
     Op("minimum_bcast", torch.minimum, (f(3, 4), f(4))),
@@ -240,7 +250,11 @@ OPS = [
     Op("gather", lambda x, idx: x.gather(1, idx), (f(3, 4), lidx(3, 2, high=4))),
     Op("scatter", lambda x, s, idx: x.scatter(1, idx, s), (f(3, 4), f(3, 2), const(_perm))),
     Op("scatter_value", lambda x, idx: x.scatter(1, idx, 5.0), (f(3, 4), const(_perm))),
-    Op("scatter_add", lambda x, s, idx: x.scatter_add(0, idx, s), (f(4, 4), f(3, 2), lidx(3, 2, high=4))),
+    Op(
+        "scatter_add",
+        lambda x, s, idx: x.scatter_add(0, idx, s),
+        (f(4, 4), f(3, 2), lidx(3, 2, high=4)),
+    ),
     Op("index_tensor", lambda x, idx: x[idx], (f(4, 5), lidx(3, high=4))),
     Op("index_two_tensors", lambda x, a, b: x[a, b], (f(4, 5), lidx(3, high=4), lidx(3, high=5))),
     Op("index_dim1", lambda x, idx: x[:, idx], (f(4, 5), lidx(2, high=5))),
@@ -255,7 +269,11 @@ OPS = [
         lambda x, v, idx: x.index_put((idx,), v),
         (f(4, 5), f(2, 5), const(torch.tensor([2, 0]))),
     ),
-    Op("index_add", lambda x, s, idx: x.index_add(0, idx, s), (f(4, 3), f(3, 3), const(torch.tensor([0, 2, 0])))),
+    Op(
+        "index_add",
+        lambda x, s, idx: x.index_add(0, idx, s),
+        (f(4, 3), f(3, 3), const(torch.tensor([0, 2, 0]))),
+    ),
     Op("sort", lambda x: torch.sort(x, 1), (f(3, 4),)),
     Op("topk", lambda x: torch.topk(x, 2, 1), (f(3, 4),)),
     # ---- casts
@@ -266,7 +284,12 @@ OPS = [
     Op("to_bool", lambda x: x.round().bool(), (f(3, 4),), grad=False),
     Op("int_to_float", lambda x: x.float() / 3, (i(3, 4),), grad=False),
     # ---- bfloat16 rows
-    Op("bf16_add", torch.add, (f(3, 4, dtype=torch.bfloat16), f(4, dtype=torch.bfloat16)), tol=BF16_TOL),
+    Op(
+        "bf16_add",
+        torch.add,
+        (f(3, 4, dtype=torch.bfloat16), f(4, dtype=torch.bfloat16)),
+        tol=BF16_TOL,
+    ),
     Op("bf16_mul_scalar", lambda x: x * 1.5, (f(3, 4, dtype=torch.bfloat16),), tol=BF16_TOL),
     Op(
         "bf16_matmul",
@@ -274,7 +297,12 @@ OPS = [
         (f(3, 4, dtype=torch.bfloat16), f(4, 5, dtype=torch.bfloat16)),
         tol=BF16_TOL,
     ),
-    Op("bf16_softmax", lambda x: torch.softmax(x, -1), (f(3, 4, dtype=torch.bfloat16),), tol=BF16_TOL),
+    Op(
+        "bf16_softmax",
+        lambda x: torch.softmax(x, -1),
+        (f(3, 4, dtype=torch.bfloat16),),
+        tol=BF16_TOL,
+    ),
     Op("bf16_sum", lambda x: x.sum(1), (f(3, 4, dtype=torch.bfloat16),), tol=BF16_TOL),
     Op("bf16_gelu", F.gelu, (f(3, 4, dtype=torch.bfloat16),), tol=BF16_TOL),
     # ---- int64 rows
@@ -289,7 +317,12 @@ OPS = [
     Op("i64_div_true", lambda a, b: a / (b.abs() + 1), (i(3, 4), i(3, 4)), grad=False),
     Op("i64_abs_neg", lambda a: (-a).abs(), (i(3, 4),), grad=False),
     Op("i64_lt", lambda a, b: a < b, (i(3, 4), i(3, 4)), grad=False),
-    Op("i64_int32_promote", lambda a: a + torch.ones(4, dtype=torch.int32, device=a.device), (i(3, 4),), grad=False),
+    Op(
+        "i64_int32_promote",
+        lambda a: a + torch.ones(4, dtype=torch.int32, device=a.device),
+        (i(3, 4),),
+        grad=False,
+    ),
 ]
 
 assert len({o.name for o in OPS}) == len(OPS), "duplicate op row names"
@@ -339,7 +372,8 @@ def _flat(out) -> list:
 def _run(op: Op, layout: str, device: str, leaves_cpu: list):
     leaves = [t.detach().to(device).requires_grad_(t.requires_grad) for t in leaves_cpu]
     inputs = [
-        _from_leaf(leaf, a.shape, layout) if a.reshapable else leaf for leaf, a in zip(leaves, op.args)
+        _from_leaf(leaf, a.shape, layout) if a.reshapable else leaf
+        for leaf, a in zip(leaves, op.args)
     ]
     out = op.fn(*inputs)
     return leaves, inputs, out
@@ -356,7 +390,7 @@ def test_op(op: Op, layout: str, eager):
             t.requires_grad_(True)
         leaves_cpu.append(t)
 
-    ref_leaves, ref_inputs, ref = _run(op, layout, "cpu", leaves_cpu)
+    ref_leaves, _, ref = _run(op, layout, "cpu", leaves_cpu)
     dev_leaves, dev_inputs, out = _run(op, layout, "tpu", leaves_cpu)
     if layout == "noncontiguous":
         assert any(not t.is_contiguous() for t in dev_inputs if t.dim() >= 1)
@@ -371,7 +405,9 @@ def test_op(op: Op, layout: str, eager):
     wrt_ref = [t for t in ref_leaves if t.requires_grad]
     wrt_dev = [t for t in dev_leaves if t.requires_grad]
     ref_grads = torch.autograd.grad(ref_outs, wrt_ref, grads_out, allow_unused=True)
-    dev_grads = torch.autograd.grad(dev_outs, wrt_dev, [t.to("tpu") for t in grads_out], allow_unused=True)
+    dev_grads = torch.autograd.grad(
+        dev_outs, wrt_dev, [t.to("tpu") for t in grads_out], allow_unused=True
+    )
     for k, (dg, rg) in enumerate(zip(dev_grads, ref_grads)):
         if rg is None:
             assert dg is None or not dg.cpu().any(), f"grad of input {k}"
@@ -479,7 +515,9 @@ def test_optimizer_steps(opt, foreach, eager):
     for device in ("cpu", "tpu"):
         m = _clone_to(model, device)
         if opt == "sgd":
-            o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01, foreach=foreach)
+            o = torch.optim.SGD(
+                m.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01, foreach=foreach
+            )
         else:
             o = torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.1, foreach=foreach)
         for _ in range(3):

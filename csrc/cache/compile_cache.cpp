@@ -1,0 +1,317 @@
+#include "cache/compile_cache.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+
+namespace torchtpu::cache {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+// "1073741824", "512M", "2G" (binary units); nullopt when malformed.
+std::optional<int64_t> parse_bytes(const std::string& s) {
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (end == s.c_str() || v < 0) return std::nullopt;
+  std::string unit(end);
+  int shift = unit.empty() ? 0 : unit == "K" || unit == "k" ? 10 : unit == "M" || unit == "m" ? 20
+                              : unit == "G" || unit == "g"   ? 30
+                                                             : -1;
+  if (shift < 0) return std::nullopt;
+  return static_cast<int64_t>(v) << shift;
+}
+
+// Size and the first and last MiB of the plugin file: cheap, and different
+// for every build that could produce incompatible executables.
+std::string file_fingerprint(const std::string& path) {
+  constexpr std::streamoff kChunk = 1 << 20;
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return "unreadable plugin file " + path;
+  std::streamoff size = f.tellg();
+  std::string head(static_cast<size_t>(std::min(size, kChunk)), '\0');
+  std::string tail(head.size(), '\0');
+  f.seekg(0);
+  f.read(head.data(), static_cast<std::streamsize>(head.size()));
+  f.seekg(size - static_cast<std::streamoff>(tail.size()));
+  f.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+  return to_hex(Sha256().u64(static_cast<uint64_t>(size)).field(head).field(tail).finish());
+}
+
+// XLA:CPU executables hold machine code for the host that compiled them.
+std::string host_cpu_features() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, out;
+  for (const char* field : {"model name", "flags", "Features", "CPU implementer", "CPU part"}) {
+    f.clear();
+    f.seekg(0);
+    while (std::getline(f, line)) {
+      if (line.rfind(field, 0) == 0) {
+        out += line + "\n";
+        break;
+      }
+    }
+  }
+  return out.empty() ? "unknown host cpu" : out;
+}
+
+}  // namespace
+
+Config Config::from_env() {
+  Config c;
+  std::string home = env_or("HOME", "");
+  std::string base = env_or("XDG_CACHE_HOME", home.empty() ? "" : home + "/.cache");
+  c.local_dir = env_or("TORCHTPU_CACHE_DIR", base.empty() ? "off" : base + "/torchtpu");
+  if (c.local_dir == "off") c.local_dir.clear();
+  c.shared_dir = env_or("TORCHTPU_SHARED_CACHE_DIR", "");
+  if (c.shared_dir == "off") c.shared_dir.clear();
+  if (const char* v = std::getenv("TORCHTPU_CACHE_MAX_BYTES")) {
+    if (auto b = parse_bytes(v)) {
+      c.max_bytes = *b;
+    } else {
+      std::fprintf(stderr,
+                   "[tpu cache] ignoring TORCHTPU_CACHE_MAX_BYTES='%s': expected a byte count "
+                   "such as 2147483648 or 2G\n",
+                   v);
+    }
+  }
+  if (const char* v = std::getenv("TORCHTPU_CACHE_LOCK_TIMEOUT")) c.lock_timeout_s = std::atof(v);
+  return c;
+}
+
+Digest runtime_identity(const pjrt::Client& client) {
+  Sha256 h;
+  h.field(file_fingerprint(client.plugin().path()));
+  for (const auto& [name, value] : client.plugin().attributes()) h.field(name).field(value);
+  h.u64(static_cast<uint64_t>(client.plugin().api_major()));
+  h.u64(static_cast<uint64_t>(client.plugin().api_minor()));
+  h.field(client.platform_name()).field(client.platform_version());
+  if (client.platform_name() == "cpu") h.field(host_cpu_features());
+  return h.finish();
+}
+
+CompileCache::CompileCache(pjrt::ClientPtr client, Config config, CompileFn compile)
+    : client_(std::move(client)), config_(std::move(config)), compile_(std::move(compile)) {
+  if (!compile_) {
+    compile_ = [c = client_.get()](const std::string& m, const pjrt::CompileOptions& o) {
+      return c->compile(m, o);
+    };
+  }
+  identity_ = runtime_identity(*client_);
+  local_.name = "cache directory";
+  shared_.name = "shared cache root";
+  for (auto [tier, dir] : {std::pair{&local_, &config_.local_dir}, {&shared_, &config_.shared_dir}}) {
+    if (dir->empty()) continue;
+    tier->store.emplace(*dir);
+    try {
+      tier->store->ensure_root();
+    } catch (const std::exception& e) {
+      degrade(*tier, e.what(), /*reads_too=*/true);
+    }
+  }
+}
+
+Digest CompileCache::key(const std::string& mlir_text, const pjrt::CompileOptions& options) const {
+  return Sha256()
+      .field("torchtpu compile cache")
+      .u64(kFormatVersion)
+      .field(mlir_text)
+      .field(pjrt::encode_compile_options(options))
+      .update(identity_.data(), identity_.size())
+      .finish();
+}
+
+pjrt::ExecutablePtr CompileCache::get(const std::string& mlir_text,
+                                      const pjrt::CompileOptions& options) {
+  requests_++;
+  Digest k = key(mlir_text, options);
+  std::string mkey(k.begin(), k.end());
+  std::promise<pjrt::ExecutablePtr> promise;
+  std::shared_future<pjrt::ExecutablePtr> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = memory_.find(mkey);
+    if (it != memory_.end()) {
+      memory_hits_++;
+      pending = it->second;
+    } else {
+      memory_.emplace(mkey, promise.get_future().share());
+    }
+  }
+  if (pending.valid()) return pending.get();  // Waits for the one in-flight compile.
+  try {
+    pjrt::ExecutablePtr exe = produce(k, mlir_text, options);
+    promise.set_value(exe);
+    return exe;
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      memory_.erase(mkey);  // Not cached: the next request compiles again.
+    }
+    promise.set_exception(std::current_exception());
+    throw;
+  }
+}
+
+pjrt::ExecutablePtr CompileCache::produce(const Digest& key, const std::string& mlir,
+                                          const pjrt::CompileOptions& options) {
+  if (auto hit = load(local_, key, options)) {
+    disk_hits_++;
+    return hit->exe;
+  }
+  if (auto hit = load(shared_, key, options)) {
+    shared_hits_++;
+    store(local_, key, hit->entry);
+    return hit->exe;
+  }
+  // One compile per key on this host: other processes wait here, then load.
+  std::optional<KeyLock> lock = local_.store && local_.writable
+                                    ? local_.store->lock_key(key, config_.lock_timeout_s)
+                                    : std::nullopt;
+  if (lock) {
+    if (auto hit = load(local_, key, options)) {
+      disk_hits_++;
+      return hit->exe;
+    }
+  }
+  return compile_and_store(key, mlir, options);
+}
+
+std::optional<CompileCache::Loaded> CompileCache::load(Tier& tier, const Digest& key,
+                                                       const pjrt::CompileOptions& options) {
+  if (!tier.store || !tier.readable) return std::nullopt;
+  auto t0 = Clock::now();
+  ReadResult r = tier.store->read(key);
+  if (r.status == ReadResult::kMiss) return std::nullopt;
+  if (r.status == ReadResult::kUnreadable) {
+    degrade(tier, r.error, /*reads_too=*/false);
+    return std::nullopt;
+  }
+  if (r.status == ReadResult::kCorrupt) {
+    errors_++;
+    tier.store->remove(key);
+    return std::nullopt;
+  }
+  Loaded out;
+  try {
+    out.exe = client_->deserialize(r.entry.payload, options);
+  } catch (const std::exception&) {
+    // Checksum fine but the plugin rejects it: treat like any bad entry.
+    errors_++;
+    tier.store->remove(key);
+    return std::nullopt;
+  }
+  add_seconds(load_ns_, seconds_since(t0));
+  add_seconds(saved_ns_, r.entry.compile_seconds);
+  out.entry = std::move(r.entry);
+  return out;
+}
+
+pjrt::ExecutablePtr CompileCache::compile_and_store(const Digest& key, const std::string& mlir,
+                                                    const pjrt::CompileOptions& options) {
+  auto t0 = Clock::now();
+  pjrt::ExecutablePtr exe = compile_(mlir, options);
+  double dt = seconds_since(t0);
+  misses_++;
+  add_seconds(compile_ns_, dt);
+  bool persist = (local_.store && local_.writable) || (shared_.store && shared_.writable);
+  if (!persist) return exe;
+  StoredEntry entry;
+  entry.compile_seconds = dt;
+  try {
+    entry.payload = exe->serialize();
+  } catch (const std::exception& e) {
+    degrade(local_, std::string("cannot serialize executables: ") + e.what(), false);
+    return exe;
+  }
+  store(local_, key, entry);
+  store(shared_, key, entry);
+  return exe;
+}
+
+void CompileCache::store(Tier& tier, const Digest& key, const StoredEntry& entry) {
+  if (!tier.store || !tier.writable) return;
+  try {
+    tier.store->write(key, entry.payload, entry.compile_seconds);
+  } catch (const std::exception& e) {
+    degrade(tier, e.what(), /*reads_too=*/false);
+    return;
+  }
+  if (&tier != &local_) return;  // The shared root is managed by its owners.
+  // The size is rescanned now and then (other processes write too) and
+  // whenever this process's estimate crosses the cap.
+  int64_t n = writes_++;
+  int64_t approx = approx_bytes_ += static_cast<int64_t>(entry.payload.size());
+  if (n % 32 == 0) approx = approx_bytes_ = tier.store->usage().bytes;
+  if (approx <= config_.max_bytes) return;
+  evictions_ += tier.store->evict(config_.max_bytes);
+  approx_bytes_ = tier.store->usage().bytes;
+}
+
+void CompileCache::degrade(Tier& tier, const std::string& why, bool reads_too) {
+  errors_++;
+  tier.writable = false;
+  if (reads_too) tier.readable = false;
+  std::call_once(tier.warned, [&] {
+    std::fprintf(stderr,
+                 "[tpu cache] %s %s is not usable (%s); compiling locally%s. Check the path and "
+                 "its permissions, or unset the variable that points there.\n",
+                 tier.name.c_str(), tier.store->root().c_str(), why.c_str(),
+                 reads_too ? "" : " and no longer writing there");
+  });
+}
+
+void CompileCache::add_seconds(std::atomic<int64_t>& counter, double seconds) {
+  counter += static_cast<int64_t>(seconds * 1e9);
+}
+
+Stats CompileCache::stats() const {
+  Stats s;
+  s.requests = requests_;
+  s.memory_hits = memory_hits_;
+  s.disk_hits = disk_hits_;
+  s.shared_hits = shared_hits_;
+  s.misses = misses_;
+  s.errors = errors_;
+  s.evictions = evictions_;
+  s.compile_seconds = static_cast<double>(compile_ns_) * 1e-9;
+  s.saved_seconds = static_cast<double>(saved_ns_) * 1e-9;
+  s.load_seconds = static_cast<double>(load_ns_) * 1e-9;
+  return s;
+}
+
+Usage CompileCache::disk_usage() const {
+  return local_.store && local_.readable ? local_.store->usage() : Usage{};
+}
+
+namespace {
+std::mutex process_mu;
+CompileCache* process_instance = nullptr;  // leaked: executables may outlive static dtors
+}  // namespace
+
+CompileCache& process_cache(const pjrt::ClientPtr& client) {
+  std::lock_guard<std::mutex> lock(process_mu);
+  if (process_instance == nullptr || process_instance->client() != client.get()) {
+    process_instance = new CompileCache(client, Config::from_env());
+  }
+  return *process_instance;
+}
+
+Stats process_stats() {
+  std::lock_guard<std::mutex> lock(process_mu);
+  return process_instance ? process_instance->stats() : Stats{};
+}
+
+}  // namespace torchtpu::cache

@@ -1,0 +1,106 @@
+// The compile cache every mode gets its executables through: an in-process
+// tier (one compile per key, shared by concurrent requesters), a host disk
+// tier (TORCHTPU_CACHE_DIR) and an optional shared root
+// (TORCHTPU_SHARED_CACHE_DIR). Depends only on csrc/pjrt and the standard library.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "cache/disk_store.h"
+#include "pjrt/pjrt.h"
+
+namespace torchtpu::cache {
+
+struct Config {
+  std::string local_dir;   // empty: no disk tier
+  std::string shared_dir;  // empty: no shared tier
+  int64_t max_bytes = int64_t{2} << 30;
+  double lock_timeout_s = 300.0;  // wait for another process's compile of the same key
+  // TORCHTPU_CACHE_DIR (default ~/.cache/torchtpu, "off" disables),
+  // TORCHTPU_CACHE_MAX_BYTES, TORCHTPU_SHARED_CACHE_DIR, TORCHTPU_CACHE_LOCK_TIMEOUT.
+  static Config from_env();
+};
+
+struct Stats {
+  int64_t requests = 0, memory_hits = 0, disk_hits = 0, shared_hits = 0;
+  int64_t misses = 0;  // compiles
+  int64_t errors = 0;  // bad entries or failed cache I/O, ignored and recompiled
+  int64_t evictions = 0;
+  double compile_seconds = 0;  // spent compiling misses
+  double saved_seconds = 0;    // original compile time of the hits
+  double load_seconds = 0;     // spent reading and deserializing disk/shared hits
+};
+
+class CompileCache {
+ public:
+  using CompileFn =
+      std::function<pjrt::ExecutablePtr(const std::string&, const pjrt::CompileOptions&)>;
+  // `compile` defaults to client->compile (tests inject slow or failing ones).
+  CompileCache(pjrt::ClientPtr client, Config config, CompileFn compile = nullptr);
+  CompileCache(const CompileCache&) = delete;
+  CompileCache& operator=(const CompileCache&) = delete;
+
+  // The executable of `mlir_text`: from memory, disk, the shared root, or a
+  // compile. Rethrows a failed compile to every requester (never cached).
+  pjrt::ExecutablePtr get(const std::string& mlir_text, const pjrt::CompileOptions& options = {});
+  Digest key(const std::string& mlir_text, const pjrt::CompileOptions& options) const;
+  Stats stats() const;
+  const Config& config() const { return config_; }
+  // Entries and bytes of the local disk tier (zero when disabled).
+  Usage disk_usage() const;
+  const pjrt::Client* client() const { return client_.get(); }
+
+ private:
+  struct Loaded {
+    pjrt::ExecutablePtr exe;
+    StoredEntry entry;
+  };
+  struct Tier {
+    std::optional<DiskStore> store;
+    std::string name;
+    std::atomic<bool> readable{true}, writable{true};  // cleared by degrade()
+    std::once_flag warned;
+  };
+  pjrt::ExecutablePtr produce(const Digest& key, const std::string& mlir,
+                              const pjrt::CompileOptions& options);
+  std::optional<Loaded> load(Tier& tier, const Digest& key, const pjrt::CompileOptions& options);
+  pjrt::ExecutablePtr compile_and_store(const Digest& key, const std::string& mlir,
+                                        const pjrt::CompileOptions& options);
+  void store(Tier& tier, const Digest& key, const StoredEntry& entry);
+  void degrade(Tier& tier, const std::string& why, bool reads_too);
+  void add_seconds(std::atomic<int64_t>& counter, double seconds);
+
+  pjrt::ClientPtr client_;
+  Config config_;
+  CompileFn compile_;
+  Digest identity_;  // plugin file, versions and (on CPU) host CPU features
+  Tier local_, shared_;
+  std::atomic<int64_t> writes_{0}, approx_bytes_{0};  // local tier size estimate
+
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_future<pjrt::ExecutablePtr>> memory_;
+
+  std::atomic<int64_t> requests_{0}, memory_hits_{0}, disk_hits_{0}, shared_hits_{0}, misses_{0},
+      errors_{0}, evictions_{0};
+  std::atomic<int64_t> compile_ns_{0}, saved_ns_{0}, load_ns_{0};
+};
+
+// Digest of what makes a serialized executable loadable: the plugin file
+// (size and its first and last MiB), its attributes, the platform name and
+// version, and on the CPU platform the host CPU's model and feature flags.
+Digest runtime_identity(const pjrt::Client& client);
+
+// The process-wide cache for `client`, configured from the environment on
+// first use (a different client gets a fresh one).
+CompileCache& process_cache(const pjrt::ClientPtr& client);
+// Stats of the process-wide cache; all zero before its first use.
+Stats process_stats();
+
+}  // namespace torchtpu::cache

@@ -1,0 +1,131 @@
+"""The persistent compile cache across processes: concurrent writers, a second wave
+that compiles nothing, damaged entries, both eager modes, and the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchtpu
+from torchtpu import cache as cache_cli
+
+PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
+
+PROGRAM = """
+import json, torch, torchtpu
+x = torch.arange(12, dtype=torch.float32).reshape(3, 4).to("tpu")
+w = torch.linspace(-1, 1, 8).reshape(4, 2).to("tpu")
+y = torch.relu(x @ w) + 1.0
+z = (y.sum(0) * 0.5).exp()
+print(json.dumps({"y": y.cpu().tolist(), "z": z.cpu().tolist(),
+                  "stats": torchtpu.cache_stats()}))
+"""
+
+
+def expected() -> dict:
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    w = torch.linspace(-1, 1, 8).reshape(4, 2)
+    y = torch.relu(x @ w) + 1.0
+    return {"y": y.tolist(), "z": (y.sum(0) * 0.5).exp().tolist()}
+
+
+def start(cache_dir: Path, mode: str = "strict", code: str = PROGRAM) -> subprocess.Popen:
+    """Starts PROGRAM in a fresh interpreter using `cache_dir` (no other backend env)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHTPU_", "TPU_", "TORCH_TPU_"))}
+    env.update(PYTHONPATH=str(PYTHON_DIR), TORCHTPU_CACHE_DIR=str(cache_dir), TORCHTPU_EAGER=mode)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(proc: subprocess.Popen) -> dict:
+    """Waits for a PROGRAM run, checks its results and returns its cache stats."""
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
+    result = json.loads(out.strip().splitlines()[-1])
+    want = expected()
+    for name in ("y", "z"):
+        torch.testing.assert_close(torch.tensor(result[name]), torch.tensor(want[name]))
+    assert "[tpu cache]" not in err, err
+    return result["stats"]
+
+
+def entries(cache_dir: Path) -> list[Path]:
+    return sorted(cache_dir.glob("*.entry"))
+
+
+def test_concurrent_processes_compile_each_program_once(tmp_path: Path) -> None:
+    # Wave 1: three processes start cold at once; each program is compiled by one of them.
+    wave1 = [finish(p) for p in [start(tmp_path) for _ in range(3)]]
+    n = len(entries(tmp_path))
+    assert n >= 5
+    assert sum(s["misses"] for s in wave1) == n, wave1
+    assert all(s["errors"] == 0 for s in wave1)
+    assert sum(s["disk_hits"] for s in wave1) == 3 * wave1[0]["requests"] - n
+    # Wave 2: strict and debug processes find everything on disk.
+    wave2 = [finish(p) for p in (start(tmp_path, "strict"), start(tmp_path, "debug"))]
+    for s in wave2:
+        assert s["misses"] == 0, s
+        assert s["disk_hits"] == s["requests"] == wave1[0]["requests"]
+        assert s["compile_seconds_saved"] > 0
+        assert s["entries"] == n
+    assert len(entries(tmp_path)) == n
+
+
+def test_damaged_entries_are_recompiled_and_debug_entries_serve_strict(tmp_path: Path) -> None:
+    cold = finish(start(tmp_path, "debug"))
+    files = entries(tmp_path)
+    n = len(files)
+    assert cold["misses"] == n >= 5
+    truncated, flipped, killed, foreign, donor = files[:5]
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    flipped.write_bytes(bytes(data))
+    # A writer killed before its rename leaves a temp file and no entry.
+    partial = killed.read_bytes()[:200]
+    killed.unlink()
+    (tmp_path / f".{killed.stem}.4242.0.tmp").write_bytes(partial)
+    foreign.write_bytes(donor.read_bytes())  # another program's entry under this name
+
+    warm = finish(start(tmp_path, "strict"))
+    assert warm["errors"] == 3, warm
+    assert warm["misses"] == 4, warm
+    assert warm["disk_hits"] == n - 4
+    again = finish(start(tmp_path, "strict"))
+    assert again["misses"] == 0 and again["errors"] == 0, again
+
+
+def test_command_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    finish(start(tmp_path))
+    n = len(entries(tmp_path))
+    monkeypatch.setenv("TORCHTPU_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHTPU_SHARED_CACHE_DIR", raising=False)
+    assert torchtpu.cache_stats()["entries"] == n
+    assert cache_cli.main(["stats"]) == 0
+    assert f"{n} entries" in capsys.readouterr().out
+    total = torchtpu.cache_stats()["bytes"]
+    assert cache_cli.main(["prune", "--max-bytes", str(total - 1)]) == 0
+    assert 0 < len(entries(tmp_path)) < n
+    assert cache_cli.main(["clear"]) == 0
+    assert entries(tmp_path) == []
+    with pytest.raises(SystemExit):
+        cache_cli.main(["prune", "--max-bytes", "lots"])
+    env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR)}
+    proc = subprocess.run([sys.executable, "-m", "torchtpu.cache", "stats"], env=env, text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"local: {tmp_path}: 0 entries" in proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr
+
+
+def test_cache_off() -> None:
+    stats = finish(start(Path("off")))
+    assert stats["dir"] == "" and stats["entries"] == 0
+    assert stats["misses"] == stats["requests"] > 0
