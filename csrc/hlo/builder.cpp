@@ -21,7 +21,10 @@ std::string decimal(double v, int digits) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.*g", digits, v);
   std::string s = buf;
-  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  // MLIR float literals need a '.' in the mantissa: "1e+09" -> "1.0e+09".
+  size_t e = s.find('e');
+  std::string mantissa = s.substr(0, e);
+  if (mantissa.find('.') == std::string::npos) s.insert(e == std::string::npos ? s.size() : e, ".0");
   return s;
 }
 

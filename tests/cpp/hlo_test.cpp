@@ -465,4 +465,14 @@ TEST(HloRun, RngBitGenerator) {
 }
 
 }  // namespace
+// Whole floats that print with an exponent ("1e+09") must still parse as floats.
+TEST(HloRun, LargeWholeFloatConstantsParse) {
+  Builder b;
+  Value a = b.constant(1e9, DType::F32), c = b.constant(1e22, DType::F64);
+  b.ret({b.convert(a, DType::F64), c});
+  std::vector<Host> out = run(b, {});
+  expect_vec<double>(out[0], {}, {1e9});
+  expect_vec<double>(out[1], {}, {1e22});
+}
+
 }  // namespace torchtpu::hlo
