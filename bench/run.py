@@ -7,15 +7,18 @@ Timings on a shared 2-core machine are noisy: compare the ratios within one run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-import torchtpu  # noqa: E402
-from models import GPT, MLP, copy_task_batch  # noqa: E402
+import torchtpu
+from models import GPT, MLP, copy_task_batch
 
 
 def add_chain(device: str, n: int) -> tuple[float, float]:
@@ -45,7 +48,11 @@ def step_time(model_fn, batches, device: str, steps: int, warmup: int = 3) -> fl
         x, y = (t.to(device) for t in batches[i % len(batches)])
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        out = model(x, y) if isinstance(model, GPT) else torch.nn.functional.cross_entropy(model(x), y)
+        out = (
+            model(x, y)
+            if isinstance(model, GPT)
+            else torch.nn.functional.cross_entropy(model(x), y)
+        )
         out.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -56,11 +63,80 @@ def step_time(model_fn, batches, device: str, steps: int, warmup: int = 3) -> fl
     return times[len(times) // 2]
 
 
+# One process of the cold/warm compile cache benchmark: GPT training steps as in
+# examples/train_gpt.py, timed from after the imports to the first finished step.
+_CACHE_CHILD = """
+import json, sys, time
+import torch, torchtpu
+sys.path.insert(0, sys.argv[1])
+from models import GPT, copy_task_batch
+t0 = time.perf_counter()
+gen = torch.Generator().manual_seed(0)
+batches = [copy_task_batch(gen, 8, 32, 64) for _ in range(2)]
+torch.manual_seed(0)
+model = GPT().to("tpu")
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+first = None
+for step in range(3):
+    x, y = (t.to("tpu") for t in batches[step % 2])
+    opt.zero_grad(set_to_none=True)
+    loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    loss.item()
+    first = first or time.perf_counter() - t0
+print(json.dumps({"first_step_s": first, "stats": torchtpu.cache_stats()}))
+"""
+
+
+def cold_vs_warm() -> tuple[dict, dict]:
+    """Runs _CACHE_CHILD twice in fresh processes sharing one empty TORCHTPU_CACHE_DIR."""
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="torchtpu-bench-cache-") as cache_dir:
+        env = {**os.environ, "TORCHTPU_CACHE_DIR": cache_dir}
+        env.pop("TORCHTPU_SHARED_CACHE_DIR", None)
+        for _ in range(2):
+            out = subprocess.run(
+                [sys.executable, "-c", _CACHE_CHILD, examples],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+    return runs[0], runs[1]
+
+
+def print_cold_vs_warm() -> None:
+    cold, warm = cold_vs_warm()
+    c, w = cold["first_step_s"], warm["first_step_s"]
+    print("\n| compile cache (GPT, fresh process) | cold | warm | cold / warm |")
+    print("|---|---:|---:|---:|")
+    print(f"| time to first finished step, s | {c:.2f} | {w:.2f} | {c / w:.1f}x |")
+    print(f"| compiles (cache misses) | {cold['stats']['misses']} | {warm['stats']['misses']} | |")
+    print(
+        f"| compile seconds | {cold['stats']['compile_seconds']:.2f} "
+        f"| {warm['stats']['compile_seconds']:.2f} | |"
+    )
+    print(
+        f"| cache load seconds (read + deserialize) | {cold['stats']['load_seconds']:.2f} "
+        f"| {warm['stats']['load_seconds']:.2f} | |"
+    )
+    if warm["stats"]["misses"] != 0:
+        print(f"WARNING: the warm run compiled {warm['stats']['misses']} programs (expected 0)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--adds", type=int, default=10_000)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--cache-only", action="store_true", help="only the cold/warm cache runs")
     args = ap.parse_args()
+    if args.cache_only:
+        print_cold_vs_warm()
+        return
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     rows = []
@@ -70,8 +146,10 @@ def main() -> None:
     rows.append(("add chain: total µs/op (incl. sync)", cpu_total, tpu_total))
 
     gen = torch.Generator().manual_seed(0)
-    mlp_batches = [(torch.randn(64, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen))
-                   for _ in range(4)]
+    mlp_batches = [
+        (torch.randn(64, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen))
+        for _ in range(4)
+    ]
     gpt_batches = [copy_task_batch(gen, 8, 32, 64) for _ in range(4)]
     for name, fn, batches in (("MLP", MLP, mlp_batches), ("GPT", GPT, gpt_batches)):
         c = step_time(fn, batches, "cpu", args.steps) * 1e3
@@ -79,14 +157,19 @@ def main() -> None:
         rows.append((f"{name} train step ms", c, t))
 
     m = torchtpu.metrics()
-    print(f"platform: {torch.tpu.get_device_name()}, torch {torch.__version__}, "
-          f"{os.cpu_count()} CPU cores")
+    print(
+        f"platform: {torch.tpu.get_device_name()}, torch {torch.__version__}, "
+        f"{os.cpu_count()} CPU cores"
+    )
     print("| benchmark | torch CPU eager | tpu Strict Eager | tpu / CPU |")
     print("|---|---:|---:|---:|")
     for name, c, t in rows:
         print(f"| {name} | {c:.1f} | {t:.1f} | {t / c:.2f}x |")
-    print(f"\ncompiles: {m['compiles']}, cache hits: {m['cache_hits']}, "
-          f"compile seconds: {m['compile_seconds']:.1f}")
+    print(
+        f"\ncompiles: {m['compiles']}, cache hits: {m['cache_hits']}, "
+        f"compile seconds: {m['compile_seconds']:.1f}"
+    )
+    print_cold_vs_warm()
 
 
 if __name__ == "__main__":

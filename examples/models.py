@@ -5,15 +5,18 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 
 class MLP(nn.Module):
     def __init__(self, d_in: int = 32, hidden: int = 64, d_out: int = 10) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(d_in, hidden),
+            nn.GELU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
             nn.Linear(hidden, d_out),
         )
 
@@ -29,7 +32,9 @@ class Block(nn.Module):
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
         self.ln2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
+        self.mlp = nn.Sequential(
+            nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d)
+        )
         self.drop = nn.Dropout(dropout)
         self.dropout = dropout
 
@@ -49,8 +54,15 @@ class GPT(nn.Module):
     """A small decoder-only transformer (token + position embeddings, pre-norm blocks,
     tied output head)."""
 
-    def __init__(self, vocab: int = 64, d: int = 64, heads: int = 4, layers: int = 2,
-                 seq: int = 32, dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        vocab: int = 64,
+        d: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+        seq: int = 32,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(seq, d)
@@ -59,7 +71,7 @@ class GPT(nn.Module):
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.tok.weight
         for name, p in self.named_parameters():
-            if name.endswith("tok.weight") or name.endswith("pos.weight"):
+            if name.endswith(("tok.weight", "pos.weight")):
                 nn.init.normal_(p, std=0.02)
             elif name.endswith("proj.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * layers))
@@ -83,8 +95,15 @@ def copy_task_batch(gen: torch.Generator, batch: int, seq: int, vocab: int):
     return data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
 
-def train_losses(model_fn, batches, device: str, steps: int, lr: float = 3e-3,
-                 foreach: bool | None = None, clip: float | None = 1.0) -> list[float]:
+def train_losses(
+    model_fn,
+    batches,
+    device: str,
+    steps: int,
+    lr: float = 3e-3,
+    foreach: bool | None = None,
+    clip: float | None = 1.0,
+) -> list[float]:
     """Trains a fresh model on `device` with AdamW and returns the loss of every step."""
     torch.manual_seed(0)
     model = model_fn().to(device)

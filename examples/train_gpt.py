@@ -1,6 +1,6 @@
 """Demo: train a small GPT on the `tpu` device and compare with CPU.
 
-    make demo            # or: python examples/train_gpt.py --steps 40
+make demo            # or: python examples/train_gpt.py --steps 40
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torchtpu  # noqa: E402  (registers the tpu device)
-from models import GPT, copy_task_batch, train_losses  # noqa: E402
+import torchtpu
+from models import GPT, copy_task_batch, train_losses
 
 
 def main() -> None:
@@ -35,8 +35,10 @@ def main() -> None:
     for i in range(0, args.steps, max(1, args.steps // 10)):
         print(f"step {i:3d}  loss tpu {tpu[i]:.5f}  cpu {cpu[i]:.5f}")
     worst = max(abs(a - b) / abs(b) for a, b in zip(tpu, cpu))
-    print(f"final loss {tpu[-1]:.4f} (from {tpu[0]:.4f}); max relative diff vs CPU {worst:.2e}; "
-          f"{t_tpu:.1f}s on tpu")
+    print(
+        f"final loss {tpu[-1]:.4f} (from {tpu[0]:.4f}); max relative diff vs CPU {worst:.2e}; "
+        f"{t_tpu:.1f}s on tpu"
+    )
     torchtpu.metrics_report()
     if worst > 1e-3 or not tpu[-1] < tpu[0]:
         sys.exit("demo failed: tpu training diverged from CPU")

@@ -75,7 +75,7 @@ void put(std::string& k, const T& v) {
   k.append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
-void key_tensor(std::string& k, const at::Tensor& t, Slots& slots) {
+void key_tensor(std::string& k, const at::Tensor& t, Slots& slots, bool host_ok = false) {
   if (!t.defined()) {
     k.push_back('u');
     return;
@@ -84,7 +84,12 @@ void key_tensor(std::string& k, const at::Tensor& t, Slots& slots) {
   put(k, static_cast<int8_t>(t.dim()));
   for (int64_t s : t.sizes()) put(k, s);
   if (!t.device().is_privateuseone()) {
-    k.push_back('H');  // host tensor (a 0-dim CPU scalar tensor), uploaded per call
+    // Host tensors are uploaded per call: 0-dim scalars anywhere, and index
+    // tensors of Tensor?[] lists (as CUDA accepts CPU indices).
+    TORCH_CHECK(t.dim() == 0 || host_ok, "Expected all tensors to be on the same device, but "
+                "found at least two devices, tpu and ", t.device(),
+                "! Move the tensor with .to('tpu').");
+    k.push_back('H');
     return;
   }
   k.push_back('T');
@@ -110,7 +115,10 @@ void key_ivalue(std::string& k, const c10::IValue& v, bool scalar, Slots& slots)
     k.push_back('G');
     auto l = v.toList();
     put(k, static_cast<int32_t>(l.size()));
-    for (const c10::IValue& e : l) key_ivalue(k, e, scalar, slots);
+    for (const c10::IValue& e : l) {
+      if (e.isTensor()) key_tensor(k, e.toTensor(), slots, /*host_ok=*/true);
+      else key_ivalue(k, e, scalar, slots);
+    }
   } else if (scalar) {
     // Runtime input: only its kind shapes the program (type promotion).
     k.push_back(v.isDouble() ? 'f' : v.isBool() ? 'b' : 'i');
@@ -234,6 +242,10 @@ class CallCtx final : public lower::Ctx {
     return b.convert(b.param(Type{d, {}}), as);
   }
 
+  void update(int i, Value v) override {
+    if (!is_none(i)) write(arg(i).toTensor(), v);
+  }
+
   Value rng_state(int64_t numel) override {
     TORCH_CHECK(entry_.rng_numel < 0, "[tpu] ", info_.name, ": one random stream per op");
     entry_.rng_numel = numel;
@@ -264,7 +276,9 @@ class CallCtx final : public lower::Ctx {
     auto g = geom(t);
     DeviceStorage* st = slots_.storages[slot];
     int64_t n = storage_elems(*st, d);
-    at::assert_no_internal_overlap(t);  // as eager: no writes into expanded views
+    // As eager: no writes into expanded views, except the fills CPU allows.
+    const std::string base = info_.name.substr(0, info_.name.find('.'));
+    if (base != "fill_" && base != "zero_" && base != "masked_fill_") at::assert_no_internal_overlap(t);
     v = lower::coerce(b, v, Type{d, t.sizes().vec()});
     if (g.contiguous() && g.offset == 0 && g.numel() == n && !current_[slot].valid()) {
       current_[slot] = b.reshape(v, {n});  // whole overwrite: the old value is never read

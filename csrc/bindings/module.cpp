@@ -36,7 +36,7 @@ py::dict metrics_dict() {
 py::dict cache_stats_dict() {
   namespace tc = torchtpu::cache;
   tc::Stats s = tc::process_stats();
-  tc::Config c = tc::Config::from_env();
+  tc::Config c = tc::process_config();
   tc::Usage u = c.local_dir.empty() ? tc::Usage{} : tc::DiskStore(c.local_dir).usage();
   py::dict d;
   d["requests"] = s.requests;

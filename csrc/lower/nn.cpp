@@ -119,7 +119,7 @@ Ex channel(Ctx& c, int i, const Value& x, DType t) {
 
 TPU_LOWERING(nn_batch_norm) {
   // (input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
-  //   -> (out, save_mean, save_invstd). Running stats are not updated here.
+  //   -> (out, save_mean, save_invstd); training also updates the running stats.
   reg("native_batch_norm", [](Ctx& c) -> V {
     DType t = math_dtype(c);
     Ex x = in_as(c, 0, t);
@@ -133,8 +133,19 @@ TPU_LOWERING(nn_batch_norm) {
       for (int64_t a : axes) n *= static_cast<double>(x.v.shape()[a]);
       mean = sum(x, axes, true) / n;
       Ex d = x - mean;
-      invstd = (sum(d * d, axes, true) / n + eps).un("rsqrt");
+      Ex var = sum(d * d, axes, true) / n;
+      invstd = (var + eps).un("rsqrt");
       saved = {mean, invstd};
+      // Running stats: (1 - momentum) * old + momentum * batch (unbiased var).
+      const double m = c.f64(6);
+      const Shape cs = {x.v.shape()[1]};
+      auto blend = [&](int arg, const Ex& batch) {
+        if (c.is_none(arg)) return;
+        Ex old(c.b, c.b.reshape(in_as(c, arg, t).v, cs));
+        c.update(arg, old * (1.0 - m) + Ex(c.b, c.b.reshape(batch.v, cs)) * m);
+      };
+      blend(3, mean);
+      blend(4, var * (n / std::max(n - 1.0, 1.0)));
     } else {
       mean = channel(c, 3, x.v, t);
       invstd = (channel(c, 4, x.v, t) + eps).un("rsqrt");

@@ -51,6 +51,9 @@ class Ctx {
     return arg(i).isNone() ? std::nullopt : std::optional<int64_t>(arg(i).toInt());
   }
 
+  // Writes `v` into mutable tensor argument i (a `Tensor(a!)` the op updates
+  // without returning it, e.g. BatchNorm's running stats); no-op when absent.
+  virtual void update(int i, Value v) = 0;
   // Output k as PyTorch's meta kernel computed it (dtype and sizes).
   virtual const Type& out(int k) const = 0;
   virtual int num_outputs() const = 0;

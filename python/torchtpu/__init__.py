@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import torch
 
-from . import _C
-from ._modes import eager_mode, get_eager_mode
-from ._metrics import metrics, metrics_report, reset_metrics
+from . import _C  # noqa: F401  (loads the native core: registers the kernels)
 from ._C import cache_stats
+from ._metrics import metrics, metrics_report, reset_metrics
+from ._modes import eager_mode, get_eager_mode
 
-__all__ = ["cache_stats", "eager_mode", "get_eager_mode", "metrics", "metrics_report", "reset_metrics", "device"]
+__all__ = [
+    "cache_stats",
+    "device",
+    "eager_mode",
+    "get_eager_mode",
+    "metrics",
+    "metrics_report",
+    "reset_metrics",
+]
 
 
 def _register() -> None:
@@ -31,4 +39,4 @@ def _register() -> None:
 
 
 _register()
-from . import device  # noqa: E402  (torch.tpu)
+from . import device

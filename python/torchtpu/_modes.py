@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Self
 
 from . import _C
 
@@ -15,7 +16,7 @@ def get_eager_mode() -> str:
     return _C.get_mode()
 
 
-class eager_mode:  # noqa: N801  (used like a function)
+class eager_mode:
     """``torchtpu.eager_mode("debug")`` sets the mode globally; used as a context
     manager it sets it for this thread only, restoring the previous one on exit
     (the innermost context wins)."""
@@ -28,7 +29,7 @@ class eager_mode:  # noqa: N801  (used like a function)
         _C.set_mode(mode)
         self._entered = False
 
-    def __enter__(self) -> "eager_mode":
+    def __enter__(self) -> Self:
         # Undo the global change made by the constructor: a `with` is thread-local.
         _C.set_mode(self._global_prev)
         stack = getattr(_local, "stack", [])

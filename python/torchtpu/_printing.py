@@ -26,7 +26,7 @@ def install() -> None:
             grad = f", grad_fn=<{type(self.grad_fn).__name__}>"
         elif self.requires_grad:
             grad = ", requires_grad=True"
-        body = text[:-1] if text.endswith(")") else text
+        body = text.removesuffix(")")
         return f"{body}, {suffix}{grad})"
 
     _ts._str = _str

@@ -39,7 +39,9 @@ def _human(n: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m torchtpu.cache", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m torchtpu.cache", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("command", choices=["stats", "clear", "prune"])
     ap.add_argument("--shared", action="store_true", help="act on TORCHTPU_SHARED_CACHE_DIR")
     ap.add_argument("--max-bytes", type=_parse_bytes, help="prune target (default: the cap)")
@@ -59,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         which = "TORCHTPU_SHARED_CACHE_DIR" if args.shared else "TORCHTPU_CACHE_DIR"
         print(f"[tpu cache] {which} is not set or off: nothing to {args.command}", file=sys.stderr)
         return 1
-    target = 0 if args.command == "clear" else (args.max_bytes if args.max_bytes is not None
-                                                 else info["max_bytes"])
+    target = (
+        0
+        if args.command == "clear"
+        else (args.max_bytes if args.max_bytes is not None else info["max_bytes"])
+    )
     removed = _C._cache_evict(path, target)
     entries, size = _C._cache_usage(path)
     print(f"{path}: removed {removed} entries; {entries} left, {_human(size)}")

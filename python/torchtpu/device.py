@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Self
 
 import torch
 
 from . import _C
 
 _initialized = False
-_DeviceLike = Union[int, str, torch.device, None]
+_DeviceLike = int | str | torch.device | None
 
 
 def _index(device: _DeviceLike) -> int:
@@ -57,7 +57,7 @@ def set_device(device: _DeviceLike) -> None:
     _C.set_device(_index(device))
 
 
-class device:  # noqa: N801  (torch.cuda.device-style context manager)
+class device:
     def __init__(self, device: _DeviceLike) -> None:
         self.idx = _index(device)
         self.prev = -1
@@ -172,7 +172,7 @@ def empty_cache() -> None:
 
 
 class Stream(torch.Stream):
-    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> "Stream":
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> Self:
         idx = _index(device)
         return super().__new__(cls, device=torch.device("tpu", idx), priority=priority, **kwargs)
 
@@ -182,17 +182,23 @@ class Stream(torch.Stream):
     def wait_event(self, event: torch.Event) -> None:
         event.synchronize()
 
-    def record_event(self, event: Optional[torch.Event] = None) -> torch.Event:
+    def record_event(self, event: torch.Event | None = None) -> torch.Event:
         event = event or Event()
         event.record(self)
         return event
 
 
 class Event(torch.Event):
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
-        return super().__new__(cls, device=torch.device("tpu", current_device()),
-                               enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+    def __new__(
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> Self:
+        return super().__new__(
+            cls,
+            device=torch.device("tpu", current_device()),
+            enable_timing=enable_timing,
+            blocking=blocking,
+            interprocess=interprocess,
+        )
 
 
 _current_streams: dict[int, Stream] = {}
@@ -213,10 +219,10 @@ def set_stream(stream: Stream) -> None:
     _current_streams[stream.device_index] = stream
 
 
-class stream:  # noqa: N801
-    def __init__(self, s: Optional[Stream]) -> None:
+class stream:
+    def __init__(self, s: Stream | None) -> None:
         self.s = s
-        self.prev: Optional[Stream] = None
+        self.prev: Stream | None = None
 
     def __enter__(self) -> None:
         if self.s is not None:

@@ -7,19 +7,20 @@ import sys
 
 import pytest
 import torch
-
 import torchtpu
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
-from models import GPT, MLP, copy_task_batch, train_losses  # noqa: E402
+from models import GPT, MLP, copy_task_batch, train_losses
 
 STEPS = 20
 
 
 def _mlp_batches():
     gen = torch.Generator().manual_seed(0)
-    return [(torch.randn(16, 32, generator=gen), torch.randint(0, 10, (16,), generator=gen))
-            for _ in range(4)]
+    return [
+        (torch.randn(16, 32, generator=gen), torch.randint(0, 10, (16,), generator=gen))
+        for _ in range(4)
+    ]
 
 
 def _gpt_batches():
