@@ -144,6 +144,15 @@ TEST(PjrtPlugin, LoadOfNonPluginFails) {
   EXPECT_NE(msg.find("GetPjrtApi"), std::string::npos) << msg;
 }
 
+TEST(PjrtPlugin, WrongMajorVersionIsRejectedWithBothVersions) {
+  const int major = Plugin::load(find_plugin({TORCHTPU_SITE_PACKAGES}))->api_major();
+  std::string msg = error_of([] { Plugin::load(TORCHTPU_FAKE_PLUGIN); });
+  EXPECT_NE(msg.find("implements PJRT C API " + std::to_string(major + 1) + ".3"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("built against " + std::to_string(major) + "."), std::string::npos) << msg;
+}
+
 // ---------------------------------------------------------------------------
 // Client and buffers.
 
