@@ -8,7 +8,6 @@
 #include <unordered_map>
 
 #include "aten/executor.h"
-#include "cache/compile_cache.h"
 #include "lower/types.h"
 #include "lower/view.h"
 
@@ -36,8 +35,7 @@ std::vector<pjrt::BufferPtr> run_internal(const std::string& key,
   if (!exe) {
     Builder b;
     build(b);
-    exe = cache::process_cache(client_ptr()).get(b.module());
-    metrics().compiles++;
+    exe = compile_cached(b.module());
     std::lock_guard<std::mutex> lock(mu);
     programs.emplace(key, exe);
   } else {
@@ -66,10 +64,6 @@ std::string geom_key(const at::Tensor& t) {
   return k;
 }
 
-lower::ViewGeom geom(const at::Tensor& t) {
-  return {t.sizes().vec(), t.strides().vec(), t.storage_offset()};
-}
-
 // The storage's buffer, created as zeros (of the tensor's dtype) when unwritten.
 DeviceStorage& ready_storage(const at::Tensor& t) {
   auto& st = device_storage(t.storage());
@@ -87,7 +81,7 @@ Value load_flat(Builder& b, const DeviceStorage& st, DType want) {
 }
 
 bool whole_storage(const at::Tensor& t, const DeviceStorage& st) {
-  lower::ViewGeom g = geom(t);
+  lower::ViewGeom g = view_geom(t);
   return g.contiguous() && g.offset == 0 &&
          static_cast<size_t>(g.numel()) * t.element_size() == st.nbytes;
 }
@@ -114,7 +108,7 @@ void write_dense(const at::Tensor& dst, const pjrt::BufferPtr& value_buf) {
         Value v = b.param(Type{value_buf->dtype(), {dst.numel()}});
         Value flat = b.param(Type{sd, {n}});
         Value view = b.convert(b.reshape(v, dst.sizes().vec()), d);
-        Value written = lower::write_view(b, b.reinterpret_flat(flat, d), geom(dst), view);
+        Value written = lower::write_view(b, b.reinterpret_flat(flat, d), view_geom(dst), view);
         b.ret({b.reinterpret_flat(written, sd)});
       },
       {value_buf, st.buffer}, st.device);
@@ -134,7 +128,7 @@ pjrt::BufferPtr dense_buffer(const at::Tensor& t) {
       key,
       [&](Builder& b) {
         Value flat = load_flat(b, st, d);
-        b.ret({b.reshape(lower::read_view(b, flat, geom(t)), {t.numel()})});
+        b.ret({b.reshape(lower::read_view(b, flat, view_geom(t)), {t.numel()})});
       },
       {st.buffer}, st.device);
   return outs[0];

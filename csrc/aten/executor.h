@@ -7,6 +7,7 @@
 
 #include "aten/runtime.h"
 #include "lower/registry.h"
+#include "lower/view.h"
 
 namespace torchtpu::aten {
 
@@ -34,9 +35,16 @@ pjrt::BufferPtr dense_buffer(const at::Tensor& t);
 void device_copy(const at::Tensor& src, const at::Tensor& dst);
 // dst (any view) := contiguous CPU tensor of dst's sizes and dtype.
 void host_to_device(const at::Tensor& src, const at::Tensor& dst);
+// A tensor's view of its storage, for lower::read_view / write_view.
+inline lower::ViewGeom view_geom(const at::Tensor& t) {
+  return {t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+}
 // Short description of an op call for error messages: "aten::mm(f32[2, 3], f32[4, 5])".
 std::string describe(const std::string& op, const torch::jit::Stack& args, size_t first,
                      size_t n);
+// The executable of a program through the compile cache (memory, disk,
+// shared root, or a compile); counts real compiles in metrics().
+pjrt::ExecutablePtr compile_cached(const std::string& mlir);
 // Ops that ran through the CPU fallback, with counts.
 std::vector<std::pair<std::string, int64_t>> fallback_report();
 // Zero-initialized storage buffer of `nbytes` with element type `dtype`.

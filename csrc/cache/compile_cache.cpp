@@ -27,9 +27,11 @@ std::optional<int64_t> parse_bytes(const std::string& s) {
   long long v = std::strtoll(s.c_str(), &end, 10);
   if (end == s.c_str() || v < 0) return std::nullopt;
   std::string unit(end);
-  int shift = unit.empty() ? 0 : unit == "K" || unit == "k" ? 10 : unit == "M" || unit == "m" ? 20
-                              : unit == "G" || unit == "g"   ? 30
-                                                             : -1;
+  int shift = unit.empty()                 ? 0
+              : unit == "K" || unit == "k" ? 10
+              : unit == "M" || unit == "m" ? 20
+              : unit == "G" || unit == "g" ? 30
+                                           : -1;
   if (shift < 0) return std::nullopt;
   return static_cast<int64_t>(v) << shift;
 }
@@ -112,7 +114,8 @@ CompileCache::CompileCache(pjrt::ClientPtr client, Config config, CompileFn comp
   identity_ = runtime_identity(*client_);
   local_.name = "cache directory";
   shared_.name = "shared cache root";
-  for (auto [tier, dir] : {std::pair{&local_, &config_.local_dir}, {&shared_, &config_.shared_dir}}) {
+  for (auto [tier, dir] :
+       {std::pair{&local_, &config_.local_dir}, {&shared_, &config_.shared_dir}}) {
     if (dir->empty()) continue;
     tier->store.emplace(*dir);
     try {
@@ -312,6 +315,11 @@ CompileCache& process_cache(const pjrt::ClientPtr& client) {
 Stats process_stats() {
   std::lock_guard<std::mutex> lock(process_mu);
   return process_instance ? process_instance->stats() : Stats{};
+}
+
+Config process_config() {
+  std::lock_guard<std::mutex> lock(process_mu);
+  return process_instance ? process_instance->config() : Config::from_env();
 }
 
 }  // namespace torchtpu::cache

@@ -102,5 +102,7 @@ Digest runtime_identity(const pjrt::Client& client);
 CompileCache& process_cache(const pjrt::ClientPtr& client);
 // Stats of the process-wide cache; all zero before its first use.
 Stats process_stats();
+// Its configuration, or the environment's before its first use.
+Config process_config();
 
 }  // namespace torchtpu::cache

@@ -67,12 +67,13 @@ bool same_file(const struct stat& a, const struct stat& b) {
 
 // True when `fd` is still the file at `path` (not replaced or removed since it was opened).
 bool still_linked(int fd, const fs::path& path) {
-  struct stat a{}, b{};
+  struct stat a {
+  }, b{};
   return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && same_file(a, b);
 }
 
 bool read_all(int fd, std::string* out) {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) return false;
   out->resize(static_cast<size_t>(st.st_size));
   size_t done = 0;
@@ -91,21 +92,35 @@ void write_all(int fd, std::string_view data, const fs::path& path) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      throw std::runtime_error("compile cache: writing " + path.string() + " failed: " +
-                               errno_text(errno));
+      throw std::runtime_error("compile cache: writing " + path.string() +
+                               " failed: " + errno_text(errno));
     }
     data.remove_prefix(static_cast<size_t>(n));
   }
 }
 
 bool has_suffix(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_key_hex(std::string_view s) {
+  Digest unused;
+  return from_hex(s, &unused);
 }
 
 bool is_entry_name(const std::string& name) {
-  Digest unused;
   return name.size() == 64 + sizeof(kEntrySuffix) - 1 && has_suffix(name, kEntrySuffix) &&
-         from_hex(std::string_view(name).substr(0, 64), &unused);
+         is_key_hex(std::string_view(name).substr(0, 64));
+}
+
+// ".<key hex>.<pid>.<n>.tmp" and "<key hex>.lock": only our own files are swept,
+// whatever else shares the directory.
+bool is_temp_or_lock_name(const std::string& name) {
+  if (name.size() == 64 + sizeof(kLockSuffix) - 1 && has_suffix(name, kLockSuffix))
+    return is_key_hex(std::string_view(name).substr(0, 64));
+  return name.size() > 66 && name[0] == '.' && has_suffix(name, kTempSuffix) && name[65] == '.' &&
+         is_key_hex(std::string_view(name).substr(1, 64));
 }
 
 // Removes `path` if no reader holds it and it is still the file we locked.
@@ -144,8 +159,7 @@ void DiskStore::ensure_root() const {
   }
 }
 
-std::string DiskStore::encode(const Digest& key, std::string_view payload,
-                              double compile_seconds) {
+std::string DiskStore::encode(const Digest& key, std::string_view payload, double compile_seconds) {
   std::string out(kMagic, sizeof(kMagic));
   put_le(out, kFormatVersion, 4);
   put_le(out, kHeaderSize, 4);
@@ -162,12 +176,14 @@ std::string DiskStore::encode(const Digest& key, std::string_view payload,
 
 std::optional<std::string> DiskStore::decode(const Digest& key, std::string_view file,
                                              StoredEntry* out) {
-  if (file.size() < kHeaderSize) return "truncated header (" + std::to_string(file.size()) + " bytes)";
+  if (file.size() < kHeaderSize)
+    return "truncated header (" + std::to_string(file.size()) + " bytes)";
   if (file.substr(0, sizeof(kMagic)) != std::string_view(kMagic, sizeof(kMagic)))
     return std::string("not a cache entry (bad magic)");
   uint64_t version = get_le(file, 8, 4);
   if (version != kFormatVersion || get_le(file, 12, 4) != kHeaderSize)
-    return "entry format " + std::to_string(version) + ", expected " + std::to_string(kFormatVersion);
+    return "entry format " + std::to_string(version) + ", expected " +
+           std::to_string(kFormatVersion);
   if (file.substr(16, 32) != std::string_view(reinterpret_cast<const char*>(key.data()), 32))
     return std::string("foreign entry (the header holds another key)");
   uint64_t size = get_le(file, 48, 8);
@@ -215,7 +231,7 @@ ReadResult DiskStore::read(const Digest& key) const {
 
 void DiskStore::write(const Digest& key, std::string_view payload, double compile_seconds) const {
   fs::path path = entry_path(key);
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) == 0) return;  // Another process published it first.
   static std::atomic<uint64_t> counter{0};
   fs::path tmp = root_ / ("." + to_hex(key) + "." + std::to_string(::getpid()) + "." +
@@ -228,8 +244,8 @@ void DiskStore::write(const Digest& key, std::string_view payload, double compil
   try {
     write_all(fd.get(), encode(key, payload, compile_seconds), tmp);
     if (::fsync(fd.get()) != 0) {
-      throw std::runtime_error("compile cache: fsync of " + tmp.string() + " failed: " +
-                               errno_text(errno));
+      throw std::runtime_error("compile cache: fsync of " + tmp.string() +
+                               " failed: " + errno_text(errno));
     }
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
       throw std::runtime_error("compile cache: cannot rename " + tmp.string() + " to " +
@@ -272,8 +288,7 @@ int64_t DiskStore::evict(int64_t max_bytes) const {
       if (e2) continue;
       entries.push_back({it->path(), size, mtime});
       total += size;
-    } else if ((has_suffix(name, kTempSuffix) || has_suffix(name, kLockSuffix)) &&
-               mtime < stale_before) {
+    } else if (is_temp_or_lock_name(name) && mtime < stale_before) {
       remove_if_unlocked(it->path());
     }
   }

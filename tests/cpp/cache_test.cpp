@@ -1,8 +1,8 @@
 // Tests of the compile cache (memory, disk and shared tiers) on the stock CPU plugin.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -95,8 +95,7 @@ void set_mtime(const fs::path& p, int seconds_ago) {
 }
 
 TEST(Sha256, KnownVectors) {
-  EXPECT_EQ(to_hex(sha256("")),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(to_hex(sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   EXPECT_EQ(to_hex(sha256("abc")),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(to_hex(sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")),
@@ -109,8 +108,7 @@ TEST(Sha256, KnownVectors) {
     h.update(chunk.data(), take);
     left -= take;
   }
-  EXPECT_EQ(to_hex(h.finish()),
-            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(to_hex(h.finish()), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
   Digest d;
   EXPECT_TRUE(from_hex(to_hex(sha256("x")), &d));
   EXPECT_EQ(d, sha256("x"));
@@ -217,9 +215,8 @@ void expect_recompiled_after(Fn corrupt) {
 }
 
 TEST(CompileCacheDisk, TruncatedEntryIsRecompiled) {
-  expect_recompiled_after([](const fs::path& p, CompileCache&) {
-    fs::resize_file(p, fs::file_size(p) / 2);
-  });
+  expect_recompiled_after(
+      [](const fs::path& p, CompileCache&) { fs::resize_file(p, fs::file_size(p) / 2); });
 }
 
 TEST(CompileCacheDisk, TruncatedHeaderIsRecompiled) {
@@ -263,10 +260,14 @@ TEST(CompileCacheDisk, KilledWriterLeavesNothingThatLoads) {
   // ...and without atomic publishing a partial entry would be caught by its header.
   write_file(store.entry_path(key), full.substr(0, full.size() - 1));
   EXPECT_EQ(store.read(key).status, ReadResult::kCorrupt);
-  // Stale temp files are swept by eviction.
+  // Stale temp files are swept by eviction; other files in the directory are not.
+  fs::path unrelated = dir.path() / "notes.tmp";
+  write_file(unrelated, "keep");
   set_mtime(tmp, 2 * 3600);
+  set_mtime(unrelated, 2 * 3600);
   store.evict(int64_t{1} << 40);
   EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_TRUE(fs::exists(unrelated));
 }
 
 TEST(DiskStoreEviction, StaysUnderTheCap) {

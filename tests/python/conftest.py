@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -27,6 +28,10 @@ _BACKEND_ENV = (
 )
 for _name in _BACKEND_ENV:
     os.environ.pop(_name, None)
+# A fresh compile cache per test session (subprocesses inherit it), so results
+# never depend on what an earlier run left in ~/.cache/torchtpu.
+os.environ["TORCHTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtpu-test-cache-")
+os.environ.pop("TORCHTPU_SHARED_CACHE_DIR", None)
 
 import pytest
 import torch
