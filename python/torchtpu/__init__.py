@@ -8,6 +8,12 @@ Importing this package registers the ``tpu`` device::
 
 from __future__ import annotations
 
+import os
+
+# XLA's INFO logs (one line per client start) are noise for PyTorch users;
+# warnings and errors still print. Set TF_CPP_MIN_LOG_LEVEL=0 to see them.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
 import torch
 
 from . import _C  # noqa: F401  (loads the native core: registers the kernels)
