@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.torchtpu-setup
 JOBS   ?= $(shell nproc)
 export TORCHTPU_JOBS := $(JOBS)
 
-.PHONY: setup build test test-cpp test-py demo bench lint format clean
+.PHONY: setup build test test-cpp test-py demo bench conformance lint format clean
 
 setup: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt
 	  else echo "need ninja-build ccache libgtest-dev cmake (apt-get install)"; fi; fi
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 pybind11 numpy pytest ninja ruff
+	$(VPY) -m pip install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 pybind11 numpy pytest ninja ruff expecttest
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 
@@ -39,6 +39,10 @@ demo: build
 
 bench: build
 	$(VPY) bench/run.py
+
+# PyTorch's OpInfo database on tpu vs CPU; regenerates docs/OP_COVERAGE.md (< 30 min).
+conformance: build
+	$(VPY) tests/conformance/run.py
 
 lint:
 	$(VENV)/bin/ruff check python tests bench examples

@@ -181,7 +181,8 @@ void host_to_device(const at::Tensor& src, const at::Tensor& dst) {
   TORCH_INTERNAL_ASSERT(src.is_contiguous() && src.sizes() == dst.sizes());
   auto& st = device_storage(dst.storage());
   int64_t dims[1] = {src.numel()};
-  auto buf = client().buffer_from_host(src.data_ptr(), to_dtype(src.scalar_type()), dims, st.device);
+  auto buf =
+      client().buffer_from_host(src.data_ptr(), to_dtype(src.scalar_type()), dims, st.device);
   metrics().bytes_to_device += static_cast<int64_t>(src.nbytes());
   write_dense(dst, buf);
 }
@@ -204,9 +205,8 @@ void resize_storage(const c10::Storage& storage, size_t nbytes) {
           key,
           [&](Builder& b) {
             Value flat = b.param(Type{d, {n_old}});
-            Value out = n_new > n_old
-                            ? b.pad(flat, b.constant(0, d), {0}, {n_new - n_old}, {0})
-                            : b.slice(flat, {0}, {n_new}, {1});
+            Value out = n_new > n_old ? b.pad(flat, b.constant(0, d), {0}, {n_new - n_old}, {0})
+                                      : b.slice(flat, {0}, {n_new}, {1});
             b.ret({out});
           },
           {st.buffer}, st.device);

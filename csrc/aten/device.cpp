@@ -2,8 +2,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
-#include <c10/core/GeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <chrono>
@@ -34,7 +34,9 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (d.index() != old.index()) setDevice(d);
     return old;
   }
-  c10::Device getDevice() const override { return {kTpu, static_cast<c10::DeviceIndex>(current_device())}; }
+  c10::Device getDevice() const override {
+    return {kTpu, static_cast<c10::DeviceIndex>(current_device())};
+  }
   void setDevice(c10::Device d) const override {
     if (d.index() >= 0) set_current_device(d.index());
   }
@@ -52,12 +54,15 @@ struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     static std::atomic<int64_t> next{1};
     return c10::Stream(c10::Stream::UNSAFE, d.index() < 0 ? getDevice() : d, next++);
   }
-  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getNewStream(d, 0); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return getNewStream(d, 0);
+  }
   c10::Stream exchangeStream(c10::Stream s) const override { return getStream(s.device()); }
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(device_count());
   }
-  void record(void** event, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {
     if (!*event) *event = new TpuEvent();
     static_cast<TpuEvent*>(*event)->when = std::chrono::steady_clock::now();
   }
@@ -149,15 +154,21 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   bool isPinnedPtr(const void*) const override { return false; }
   c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
   bool hasPrimaryContext(c10::DeviceIndex d) const override { return d >= 0 && d < device_count(); }
-  c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
+  c10::DeviceIndex deviceCount() const override {
+    return static_cast<c10::DeviceIndex>(device_count());
+  }
   void setCurrentDevice(c10::DeviceIndex d) const override { set_current_device(d); }
-  c10::DeviceIndex getCurrentDevice() const override { return static_cast<c10::DeviceIndex>(current_device()); }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return static_cast<c10::DeviceIndex>(current_device());
+  }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
     auto old = getCurrentDevice();
     if (d >= 0) set_current_device(d);
     return old;
   }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override {
+    return exchangeDevice(d);
+  }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     resize_storage(storage, newsize);
   }

@@ -3,20 +3,19 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
-#include <c10/core/TensorOptions.h>
-#include <c10/util/Exception.h>
-
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/min.h>
+#include <c10/core/TensorOptions.h>
 #include <c10/core/WrapDimMinimal.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <chrono>
-#include <sstream>
 #include <cstring>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 
 #include "aten/generator.h"
@@ -54,8 +53,8 @@ struct OutSpec {
 struct Entry {
   pjrt::ExecutablePtr exe;
   std::vector<InputSource> inputs;
-  std::vector<OutSpec> outs;     // fresh outputs first, then storage writes
-  std::vector<int> ret_lists;    // per return: -1 single tensor, n = Tensor[] of n
+  std::vector<OutSpec> outs;   // fresh outputs first, then storage writes
+  std::vector<int> ret_lists;  // per return: -1 single tensor, n = Tensor[] of n
   int64_t rng_numel = -1;
 };
 
@@ -86,9 +85,10 @@ void key_tensor(std::string& k, const at::Tensor& t, Slots& slots, bool host_ok 
   if (!t.device().is_privateuseone()) {
     // Host tensors are uploaded per call: 0-dim scalars anywhere, and index
     // tensors of Tensor?[] lists (as CUDA accepts CPU indices).
-    TORCH_CHECK(t.dim() == 0 || host_ok, "Expected all tensors to be on the same device, but "
-                "found at least two devices, tpu and ", t.device(),
-                "! Move the tensor with .to('tpu').");
+    TORCH_CHECK(t.dim() == 0 || host_ok,
+                "Expected all tensors to be on the same device, but "
+                "found at least two devices, tpu and ",
+                t.device(), "! Move the tensor with .to('tpu').");
     k.push_back('H');
     return;
   }
@@ -116,8 +116,10 @@ void key_ivalue(std::string& k, const c10::IValue& v, bool scalar, Slots& slots)
     auto l = v.toList();
     put(k, static_cast<int32_t>(l.size()));
     for (const c10::IValue& e : l) {
-      if (e.isTensor()) key_tensor(k, e.toTensor(), slots, /*host_ok=*/true);
-      else key_ivalue(k, e, scalar, slots);
+      if (e.isTensor())
+        key_tensor(k, e.toTensor(), slots, /*host_ok=*/true);
+      else
+        key_ivalue(k, e, scalar, slots);
     }
   } else if (scalar) {
     // Runtime input: only its kind shapes the program (type promotion).
@@ -199,8 +201,14 @@ class CallCtx final : public lower::Ctx {
  public:
   CallCtx(Builder& b, const OpInfo& info, const torch::jit::Stack& args, size_t first, Slots& slots,
           Entry& entry, std::vector<Type> outs)
-      : Ctx(b), info_(info), args_(args), first_(first), slots_(slots), entry_(entry),
-        outs_(std::move(outs)), current_(slots.storages.size()),
+      : Ctx(b),
+        info_(info),
+        args_(args),
+        first_(first),
+        slots_(slots),
+        entry_(entry),
+        outs_(std::move(outs)),
+        current_(slots.storages.size()),
         param_dtype_(slots.storages.size()) {}
 
   const c10::IValue& arg(int i) const override { return args_[first_ + i]; }
@@ -274,7 +282,8 @@ class CallCtx final : public lower::Ctx {
     int64_t n = storage_elems(*st, d);
     // As eager: no writes into expanded views, except the fills CPU allows.
     const std::string base = info_.name.substr(0, info_.name.find('.'));
-    if (base != "fill_" && base != "zero_" && base != "masked_fill_") at::assert_no_internal_overlap(t);
+    if (base != "fill_" && base != "zero_" && base != "masked_fill_")
+      at::assert_no_internal_overlap(t);
     v = lower::coerce(b, v, Type{d, t.sizes().vec()});
     if (g.contiguous() && g.offset == 0 && g.numel() == n && !current_[slot].valid()) {
       current_[slot] = b.reshape(v, {n});  // whole overwrite: the old value is never read
@@ -282,7 +291,8 @@ class CallCtx final : public lower::Ctx {
       Value flat = storage(slot, d);
       DType held = flat.dtype();
       // Write in the view's dtype, then store back in the storage's dtype.
-      current_[slot] = b.reinterpret_flat(lower::write_view(b, b.reinterpret_flat(flat, d), g, v), held);
+      current_[slot] =
+          b.reinterpret_flat(lower::write_view(b, b.reinterpret_flat(flat, d), g, v), held);
     }
     if (std::find(written_.begin(), written_.end(), slot) == written_.end())
       written_.push_back(slot);
@@ -428,24 +438,87 @@ std::shared_ptr<Entry> compile_call(const c10::OperatorHandle& op, const OpInfo&
 }
 
 pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device) {
-  at::Tensor t = sub < 0 ? v.toTensor()
-                         : (v.isTensorList() ? v.toTensorList().get(sub)
-                                             : v.toList().get(sub).toTensor());
+  at::Tensor t =
+      sub < 0 ? v.toTensor()
+              : (v.isTensorList() ? v.toTensorList().get(sub) : v.toList().get(sub).toTensor());
   t = t.contiguous();
   metrics().bytes_to_device += static_cast<int64_t>(t.nbytes());
   return client().buffer_from_host(t.data_ptr(), to_dtype(t.scalar_type()), t.sizes(), device);
 }
 
-std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_t first,
-                                           size_t n) {
+std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_t first, size_t n) {
   for (size_t i = 0; i < n; ++i)
     if (args[first + i].isGenerator()) return args[first + i].toGenerator();
   return std::nullopt;
 }
 
-int call_device(const torch::jit::Stack& args, size_t first, size_t n, const Slots& slots) {
+int call_device(const Slots& slots) {
   if (!slots.storages.empty()) return slots.storages[0]->device;
   return current_device();
+}
+
+// Buffers for the program's inputs, in the order the entry recorded them.
+std::vector<pjrt::BufferPtr> gather_inputs(const Entry& entry, const torch::jit::Stack& args,
+                                           size_t first, size_t n, const Slots& slots, int device) {
+  std::vector<pjrt::BufferPtr> owned;
+  owned.reserve(entry.inputs.size());
+  for (const InputSource& in : entry.inputs) {
+    switch (in.kind) {
+      case InputSource::Storage:
+        // The key records which storages were unwritten; those never become inputs.
+        TORCH_INTERNAL_ASSERT(slots.storages[in.index]->buffer);
+        owned.push_back(slots.storages[in.index]->buffer);
+        break;
+      case InputSource::Scalar:
+        owned.push_back(scalar_buffer(args[first + in.index], in.dtype, device));
+        break;
+      case InputSource::Host:
+        owned.push_back(host_input(args[first + in.index], in.sub, device));
+        break;
+      case InputSource::Rng: {
+        uint64_t state[2];
+        philox_take(find_generator(args, first, n), device, entry.rng_numel, state);
+        int64_t dims[1] = {2};
+        owned.push_back(client().buffer_from_host(state, DType::U64, dims, device));
+        break;
+      }
+    }
+  }
+  return owned;
+}
+
+// Installs the outputs: new buffers of written storages, fresh tensors, and
+// the op's returns (aliased arguments for in-place/out= ops) on the stack.
+void push_results(const Entry& entry, const OpInfo& info, const std::vector<pjrt::BufferPtr>& outs,
+                  const Slots& slots, int device, torch::jit::Stack& stack, size_t first) {
+  std::vector<at::Tensor> fresh;
+  size_t next = 0;
+  for (const OutSpec& o : entry.outs) {
+    if (o.undefined) {
+      fresh.emplace_back();
+    } else if (o.write) {
+      DeviceStorage* st = slots.storages[o.slot];
+      st->buffer = outs[next++];
+      st->dtype = o.dtype;
+    } else {
+      fresh.push_back(wrap_buffer(outs[next++], o.sizes, lower::to_scalar_type(o.dtype), device));
+    }
+  }
+  torch::jit::Stack args(stack.begin() + first, stack.end());
+  stack.erase(stack.begin() + first, stack.end());
+  size_t f = 0;
+  for (size_t r = 0; r < entry.ret_lists.size(); ++r) {
+    int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
+    if (alias >= 0) {
+      stack.push_back(args[alias]);
+    } else if (entry.ret_lists[r] < 0) {
+      stack.push_back(fresh[f++]);
+    } else {
+      c10::List<at::Tensor> l;
+      for (int j = 0; j < entry.ret_lists[r]; ++j) l.push_back(fresh[f++]);
+      stack.push_back(l);
+    }
+  }
 }
 
 void check_same_device(const std::string& name, const Slots& slots) {
@@ -473,7 +546,8 @@ void debug_index_checks(const OpInfo& info, const torch::jit::Stack& args, size_
     const at::Tensor& self = arg(0).toTensor();
     int64_t dim = c10::maybe_wrap_dim(arg(1).toInt(), std::max<int64_t>(self.dim(), 1), true);
     check_index(info.name, arg(2).toTensor(), self.dim() ? self.size(dim) : 1, dim);
-  } else if (base == "index" || base == "index_put" || base == "index_put_" || base == "_index_put_impl_") {
+  } else if (base == "index" || base == "index_put" || base == "index_put_" ||
+             base == "_index_put_impl_") {
     const at::Tensor& self = arg(0).toTensor();
     auto list = arg(1).toList();
     for (size_t k = 0; k < list.size() && static_cast<int64_t>(k) < self.dim(); ++k) {
@@ -561,76 +635,21 @@ void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
     std::lock_guard<std::mutex> lock(cache_mu);
     cache().emplace(key, entry);
   }
-  const int device = call_device(*stack, first, n, slots);
-
-  std::vector<pjrt::BufferPtr> owned;
-  owned.reserve(entry->inputs.size());
-  for (const InputSource& in : entry->inputs) {
-    switch (in.kind) {
-      case InputSource::Storage: {
-        DeviceStorage* st = slots.storages[in.index];
-        if (!st->buffer) {
-          st->buffer = zeros_buffer(in.dtype, in.n, st->device);
-          st->dtype = in.dtype;
-        }
-        owned.push_back(st->buffer);
-        break;
-      }
-      case InputSource::Scalar:
-        owned.push_back(scalar_buffer((*stack)[first + in.index], in.dtype, device));
-        break;
-      case InputSource::Host:
-        owned.push_back(host_input((*stack)[first + in.index], in.sub, device));
-        break;
-      case InputSource::Rng: {
-        uint64_t state[2];
-        philox_take(find_generator(*stack, first, n), device, entry->rng_numel, state);
-        int64_t dims[1] = {2};
-        owned.push_back(client().buffer_from_host(state, DType::U64, dims, device));
-        break;
-      }
-    }
-  }
+  const int device = call_device(slots);
+  std::vector<pjrt::BufferPtr> owned = gather_inputs(*entry, *stack, first, n, slots, device);
   std::vector<pjrt::Buffer*> raw(owned.size());
   for (size_t i = 0; i < owned.size(); ++i) raw[i] = owned[i].get();
   std::vector<pjrt::BufferPtr> outs = entry->exe->execute(raw, device);
   metrics().executions++;
-  if (mode() == Mode::Debug) debug_checks(describe(info.name, *stack, first, n), outs);
-  else if (!outs.empty()) track_inflight(outs.back());
+  if (mode() == Mode::Debug)
+    debug_checks(describe(info.name, *stack, first, n), outs);
+  else if (!outs.empty())
+    track_inflight(outs.back());
 
-  // Results: fresh tensors, and new buffers of written storages.
-  std::vector<at::Tensor> fresh;
-  size_t next = 0;
-  for (const OutSpec& o : entry->outs) {
-    if (o.undefined) {
-      fresh.emplace_back();
-    } else if (o.write) {
-      DeviceStorage* st = slots.storages[o.slot];
-      st->buffer = outs[next++];
-      st->dtype = o.dtype;
-    } else {
-      fresh.push_back(wrap_buffer(outs[next++], o.sizes, lower::to_scalar_type(o.dtype), device));
-    }
-  }
-  torch::jit::Stack args(stack->begin() + first, stack->end());
-  stack->erase(stack->begin() + first, stack->end());
-  size_t f = 0;
-  for (size_t r = 0; r < entry->ret_lists.size(); ++r) {
-    int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
-    if (alias >= 0) {
-      stack->push_back(args[alias]);
-    } else if (entry->ret_lists[r] < 0) {
-      stack->push_back(fresh[f++]);
-    } else {
-      c10::List<at::Tensor> l;
-      for (int j = 0; j < entry->ret_lists[r]; ++j) l.push_back(fresh[f++]);
-      stack->push_back(l);
-    }
-  }
+  push_results(*entry, info, outs, slots, device, *stack, first);
 }
 
-std::string describe(const std::string& op, const torch::jit::Stack& args, size_t first,
-                     size_t n) {
+std::string describe(const std::string& op, const torch::jit::Stack& args, size_t first, size_t n) {
   std::ostringstream os;
   os << "aten::" << op << "(";
   auto tensor = [&](const at::Tensor& t) {
@@ -644,7 +663,8 @@ std::string describe(const std::string& op, const torch::jit::Stack& args, size_
   for (size_t i = 0; i < n; ++i) {
     if (i) os << ", ";
     const c10::IValue& v = args[first + i];
-    if (v.isTensor()) tensor(v.toTensor());
+    if (v.isTensor())
+      tensor(v.toTensor());
     else if (v.isTensorList()) {
       os << "[";
       for (const at::Tensor& t : v.toTensorList()) {
@@ -652,7 +672,8 @@ std::string describe(const std::string& op, const torch::jit::Stack& args, size_
         os << " ";
       }
       os << "]";
-    } else os << v;
+    } else
+      os << v;
   }
   os << ")";
   return os.str();

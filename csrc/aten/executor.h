@@ -14,11 +14,11 @@ namespace torchtpu::aten {
 // How an op maps onto a rule: the rule of its own name, or of its functional
 // twin (in-place `foo_` -> `foo`, out= -> the overload with the same inputs).
 struct OpInfo {
-  std::string name;                     // "add_.Tensor"
-  const lower::Rule* rule = nullptr;    // rule run for this op (maybe the functional twin's)
-  bool is_out = false;                  // has out= arguments
-  std::vector<uint8_t> scalar_arg;      // per argument: 1 = Scalar (a runtime input)
-  std::vector<int> ret_alias_arg;       // per return: index of the argument it writes, or -1
+  std::string name;                   // "add_.Tensor"
+  const lower::Rule* rule = nullptr;  // rule run for this op (maybe the functional twin's)
+  bool is_out = false;                // has out= arguments
+  std::vector<uint8_t> scalar_arg;    // per argument: 1 = Scalar (a runtime input)
+  std::vector<int> ret_alias_arg;     // per return: index of the argument it writes, or -1
 };
 const OpInfo& op_info(const c10::OperatorHandle& op);
 
@@ -40,8 +40,7 @@ inline lower::ViewGeom view_geom(const at::Tensor& t) {
   return {t.sizes().vec(), t.strides().vec(), t.storage_offset()};
 }
 // Short description of an op call for error messages: "aten::mm(f32[2, 3], f32[4, 5])".
-std::string describe(const std::string& op, const torch::jit::Stack& args, size_t first,
-                     size_t n);
+std::string describe(const std::string& op, const torch::jit::Stack& args, size_t first, size_t n);
 // The executable of a program through the compile cache (memory, disk,
 // shared root, or a compile); counts real compiles in metrics().
 pjrt::ExecutablePtr compile_cached(const std::string& mlir);

@@ -91,8 +91,10 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
                         c10::IntArrayRef size, c10::IntArrayRef stride) {
   auto* impl = self.unsafeGetTensorImpl();
   if (!self.storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
-  if (stride.empty()) impl->set_sizes_contiguous(size), impl->set_storage_offset(offset);
-  else impl->set_sizes_and_strides(size, stride, offset);
+  if (stride.empty())
+    impl->set_sizes_contiguous(size), impl->set_storage_offset(offset);
+  else
+    impl->set_sizes_and_strides(size, stride, offset);
   maybe_grow(self);
   return self;
 }
@@ -139,7 +141,9 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
-  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  TORCH_CHECK(self.numel() == 1, "[tpu] a Tensor with ", self.numel(),
+              " elements cannot be converted to Scalar");
+  at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
   copy_from(self, host, false);
   return host.item();
 }
@@ -164,7 +168,8 @@ std::string op_name(const c10::FunctionSchema& s) {
 
 bool is_scalar_type(const c10::TypePtr& t) {
   if (t->kind() == c10::TypeKind::NumberType) return true;
-  if (auto o = t->cast<c10::OptionalType>()) return o->getElementType()->kind() == c10::TypeKind::NumberType;
+  if (auto o = t->cast<c10::OptionalType>())
+    return o->getElementType()->kind() == c10::TypeKind::NumberType;
   return false;
 }
 
@@ -177,7 +182,8 @@ const lower::Rule* functional_rule(const c10::FunctionSchema& s) {
   for (const std::string& cand : lower::registered_ops()) {
     std::string base = cand.substr(0, cand.find('.'));
     if ("aten::" + base != s.name()) continue;
-    std::string overload = cand.find('.') == std::string::npos ? "" : cand.substr(cand.find('.') + 1);
+    std::string overload =
+        cand.find('.') == std::string::npos ? "" : cand.substr(cand.find('.') + 1);
     auto h = c10::Dispatcher::singleton().findSchema({s.name(), overload});
     if (!h) continue;
     std::vector<std::string> got;
@@ -240,7 +246,8 @@ void cpu_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   {
     std::lock_guard<std::mutex> lock(fallback_mu);
     if (fallback_counts()[info.name]++ == 0)
-      TORCH_WARN("[tpu] aten::", info.name, " has no tpu lowering; running it on the CPU "
+      TORCH_WARN("[tpu] aten::", info.name,
+                 " has no tpu lowering; running it on the CPU "
                  "(TORCHTPU_CPU_FALLBACK=1). This copies its inputs to the host and back.");
   }
   metrics().fallbacks++;
@@ -292,6 +299,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy);
+}
+
+// convolution and convolution_backward have CompositeExplicitAutograd kernels
+// that route PrivateUse1 to convolution_overrideable (no meta kernel, so it
+// cannot be lowered); registering the boxed kernel sends them to their rules.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
+  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

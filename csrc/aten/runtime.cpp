@@ -53,7 +53,8 @@ ClientState& state() {
 pjrt::ClientPtr make_client() {
   auto plugin = pjrt::Plugin::load(pjrt::find_plugin(plugin_search_dirs()));
   pjrt::CreateOptions opts;
-  std::string platform = std::getenv("TORCHTPU_PLATFORM") ? std::getenv("TORCHTPU_PLATFORM") : "cpu";
+  std::string platform =
+      std::getenv("TORCHTPU_PLATFORM") ? std::getenv("TORCHTPU_PLATFORM") : "cpu";
   if (platform == "cpu") {
     const char* n = std::getenv("TORCHTPU_NUM_DEVICES");
     opts["cpu_device_count"] = int64_t(n ? std::atoll(n) : 1);
@@ -106,8 +107,8 @@ int device_count() noexcept {
 void check_device(int index) {
   int n = device_count();
   TORCH_CHECK_INDEX(index >= 0 && index < n, "[tpu] device index ", index,
-                    " is out of range: this process has ", n, " tpu device(s) (valid: 0..",
-                    n - 1, "); set TORCHTPU_NUM_DEVICES for more CPU devices");
+                    " is out of range: this process has ", n, " tpu device(s) (valid: 0..", n - 1,
+                    "); set TORCHTPU_NUM_DEVICES for more CPU devices");
 }
 
 int current_device() { return tls_device; }
@@ -190,18 +191,21 @@ void delete_storage(void* ctx) {
 // host's physical memory (the XLA:CPU plugin allocates there).
 int64_t memory_limit() {
   static int64_t limit = [] {
-    if (const char* v = std::getenv("TORCHTPU_MEMORY_LIMIT")) return static_cast<int64_t>(std::atoll(v));
-    return static_cast<int64_t>(sysconf(_SC_PAGE_SIZE)) * static_cast<int64_t>(sysconf(_SC_PHYS_PAGES));
+    if (const char* v = std::getenv("TORCHTPU_MEMORY_LIMIT"))
+      return static_cast<int64_t>(std::atoll(v));
+    return static_cast<int64_t>(sysconf(_SC_PAGE_SIZE)) *
+           static_cast<int64_t>(sysconf(_SC_PHYS_PAGES));
   }();
   return limit;
 }
 
 void check_capacity(size_t n, int dev) {
   int64_t in_use = metrics().bytes_in_use.load(), limit = memory_limit();
-  TORCH_CHECK_WITH(OutOfMemoryError, static_cast<int64_t>(n) <= limit - in_use,
-                   "[tpu] out of memory on tpu:", dev, ": tried to allocate ", n, " bytes with ",
-                   in_use, " bytes in use of ", limit,
-                   " available. Free tensors, use smaller batches, or raise TORCHTPU_MEMORY_LIMIT.");
+  TORCH_CHECK_WITH(
+      OutOfMemoryError, static_cast<int64_t>(n) <= limit - in_use,
+      "[tpu] out of memory on tpu:", dev, ": tried to allocate ", n, " bytes with ", in_use,
+      " bytes in use of ", limit,
+      " available. Free tensors, use smaller batches, or raise TORCHTPU_MEMORY_LIMIT.");
 }
 
 class TpuAllocator final : public c10::DeviceAllocator {

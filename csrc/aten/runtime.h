@@ -29,8 +29,8 @@ void check_device(int index);  // c10::Error naming the valid range
 struct DeviceStorage {
   int device = 0;
   size_t nbytes = 0;
-  pjrt::BufferPtr buffer;       // rank-1; null until first written (reads as zeros)
-  DType dtype = DType::U8;      // element type of `buffer`
+  pjrt::BufferPtr buffer;   // rank-1; null until first written (reads as zeros)
+  DType dtype = DType::U8;  // element type of `buffer`
 };
 
 DeviceStorage& device_storage(const c10::Storage& storage);
@@ -41,10 +41,10 @@ void resize_storage(const c10::Storage& storage, size_t nbytes);
 
 // Eager modes: strict (async, default), debug (waits on every op, checks).
 enum class Mode { Strict, Debug };
-Mode mode();                         // this thread's (context manager) or the global one
+Mode mode();  // this thread's (context manager) or the global one
 Mode global_mode();
-void set_mode(Mode m);               // global
-void set_thread_mode(int m);         // -1 = follow global, else Mode
+void set_mode(Mode m);        // global
+void set_thread_mode(int m);  // -1 = follow global, else Mode
 bool check_nans();
 bool cpu_fallback_enabled();
 

@@ -75,7 +75,8 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     }
   });
-  m.def("_init", [] { client(); }, "Starts the PJRT client; raises if no plugin can load.");
+  m.def(
+      "_init", [] { client(); }, "Starts the PJRT client; raises if no plugin can load.");
   m.def("device_count", [] { return device_count(); });
   m.def("current_device", [] { return current_device(); });
   m.def("set_device", [](int i) { set_current_device(i); });

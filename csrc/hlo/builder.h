@@ -95,6 +95,25 @@ class Builder {
                     const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
                     const std::vector<int64_t>& rhs_contract, DType out);
 
+  // --- convolution and windows (builder_conv.cpp)
+  // stablehlo.convolution on NC(D)HW input, OI(D)HW kernel, NC(D)HW output.
+  // Empty strides/dilations mean 1, empty padding 0 (padding may be negative).
+  Value convolution(Value lhs, Value rhs, const std::vector<int64_t>& window_strides,
+                    const std::vector<std::pair<int64_t, int64_t>>& padding,
+                    const std::vector<int64_t>& lhs_dilation,
+                    const std::vector<int64_t>& rhs_dilation, int64_t feature_group_count,
+                    int64_t batch_group_count, DType out);
+  // reduce_window with window dilations (empty = 1).
+  Value reduce_window_dilated(Value x, Value init, Reducer r, const Shape& window,
+                              const Shape& strides, const Shape& dilations, const Shape& pad_lo,
+                              const Shape& pad_hi);
+  // Windowed max of x with the `idx` (I64, x's shape) of the element that won,
+  // as torch's CPU max pooling: the first max in window order (smaller idx),
+  // and NaN wins (the last NaN). Padding reads as -inf with idx INT64_MAX.
+  std::pair<Value, Value> reduce_window_argmax(Value x, Value idx, const Shape& window,
+                                               const Shape& strides, const Shape& dilations,
+                                               const Shape& pad_lo, const Shape& pad_hi);
+
   // --- indexing. Simple forms cover torch's index ops:
   // gather_rows: out[i..., j...] = x[idx[i...], j...] along `dim` (idx integer, any rank).
   Value take_along(Value x, Value idx, int64_t dim);    // torch.gather semantics, idx same rank

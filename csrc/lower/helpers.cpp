@@ -67,8 +67,10 @@ Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool k
   Shape out;
   for (int64_t i = 0; i < static_cast<int64_t>(shape.size()); ++i) {
     bool reduced = std::find(dims.begin(), dims.end(), i) != dims.end();
-    if (!reduced) out.push_back(shape[i]);
-    else if (keepdim) out.push_back(1);
+    if (!reduced)
+      out.push_back(shape[i]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -89,7 +91,11 @@ Value reduce_init(Builder& b, hlo::Reducer r, DType dtype) {
     case R::Max:
       if (is_float(dtype)) return b.constant(-INFINITY, dtype);
       if (dtype == DType::Bool) return b.constant(0, dtype);
-      return b.constant_int(is_unsigned(dtype) ? 0 : (dtype == DType::I64 ? INT64_MIN : -(int64_t(1) << (8 * itemsize(dtype) - 1))), dtype);
+      return b.constant_int(
+          is_unsigned(dtype)
+              ? 0
+              : (dtype == DType::I64 ? INT64_MIN : -(int64_t(1) << (8 * itemsize(dtype) - 1))),
+          dtype);
     case R::Min:
       if (is_float(dtype)) return b.constant(INFINITY, dtype);
       if (dtype == DType::Bool) return b.constant(1, dtype);

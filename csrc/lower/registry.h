@@ -77,8 +77,8 @@ std::vector<std::string> registered_ops();
 struct Registrar {
   explicit Registrar(void (*fn)()) { fn(); }
 };
-#define TPU_LOWERING(tag)                                     \
-  static void tpu_lowering_##tag();                           \
+#define TPU_LOWERING(tag)                                                       \
+  static void tpu_lowering_##tag();                                             \
   static ::torchtpu::lower::Registrar tpu_registrar_##tag(&tpu_lowering_##tag); \
   static void tpu_lowering_##tag()
 

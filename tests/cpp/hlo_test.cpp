@@ -464,6 +464,111 @@ TEST(HloRun, RngBitGenerator) {
   EXPECT_LT(std::count(bits.begin(), bits.end(), bits[0]), 16);
 }
 
+// ---------------------------------------------------------------- run: convolution
+
+// Direct-loop reference of a grouped 2-D convolution on NCHW / OIHW data.
+std::vector<float> conv2d_ref(const std::vector<float>& x, const Shape& xs,
+                              const std::vector<float>& w, const Shape& ws, Shape stride,
+                              std::vector<std::pair<int64_t, int64_t>> pad, Shape lhs_dil,
+                              Shape rhs_dil, int64_t groups, Shape* out_shape) {
+  int64_t n = xs[0], c = xs[1], h = xs[2], wd = xs[3], o = ws[0], cg = ws[1], kh = ws[2],
+          kw = ws[3];
+  auto size = [&](int64_t in, int64_t k, int d) {
+    int64_t dil = (in - 1) * lhs_dil[d] + 1 + pad[d].first + pad[d].second;
+    return (dil - ((k - 1) * rhs_dil[d] + 1)) / stride[d] + 1;
+  };
+  int64_t oh = size(h, kh, 0), ow = size(wd, kw, 1);
+  *out_shape = {n, o, oh, ow};
+  std::vector<float> out;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t f = 0; f < o; ++f)
+      for (int64_t y = 0; y < oh; ++y)
+        for (int64_t z = 0; z < ow; ++z) {
+          float acc = 0;
+          int64_t g = f / (o / groups);
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t i = 0; i < kh; ++i)
+              for (int64_t j = 0; j < kw; ++j) {
+                // Position in the dilated, padded input; holes and padding read 0.
+                int64_t py = y * stride[0] + i * rhs_dil[0] - pad[0].first;
+                int64_t pz = z * stride[1] + j * rhs_dil[1] - pad[1].first;
+                if (py < 0 || pz < 0 || py % lhs_dil[0] || pz % lhs_dil[1]) continue;
+                py /= lhs_dil[0];
+                pz /= lhs_dil[1];
+                if (py >= h || pz >= wd) continue;
+                acc += x[((b * c + g * cg + ci) * h + py) * wd + pz] *
+                       w[((f * cg + ci) * kh + i) * kw + j];
+              }
+          out.push_back(acc);
+        }
+  return out;
+}
+
+TEST(HloRun, ConvolutionStridePadDilationGroups) {
+  // Small integers keep every sum exact in f32.
+  std::vector<float> xv(2 * 4 * 5 * 6), wv(6 * 2 * 2 * 3);
+  for (size_t i = 0; i < xv.size(); ++i)
+    xv[i] = static_cast<float>(static_cast<int>(i * 7 % 11) - 5);
+  for (size_t i = 0; i < wv.size(); ++i)
+    wv[i] = static_cast<float>(static_cast<int>(i * 5 % 7) - 3);
+  Host x = f32({2, 4, 5, 6}, xv), w = f32({6, 2, 2, 3}, wv);
+  std::vector<std::pair<int64_t, int64_t>> pad{{1, 0}, {2, 1}};
+  auto out = run_fn({x, w}, [&](Builder& b, std::vector<Value> p) {
+    return std::vector<Value>{
+        b.convolution(p[0], p[1], {2, 1}, pad, {}, {1, 2}, 2, 1, DType::F32),
+        b.convolution(p[0], p[1], {1, 2}, {{1, 1}, {0, -1}}, {2, 1}, {2, 1}, 2, 1, DType::F32)};
+  });
+  Shape s1, s2;
+  std::vector<float> want1 =
+      conv2d_ref(xv, {2, 4, 5, 6}, wv, {6, 2, 2, 3}, {2, 1}, pad, {1, 1}, {1, 2}, 2, &s1);
+  std::vector<float> want2 = conv2d_ref(xv, {2, 4, 5, 6}, wv, {6, 2, 2, 3}, {1, 2},
+                                        {{1, 1}, {0, -1}}, {2, 1}, {2, 1}, 2, &s2);
+  EXPECT_EQ(s1, (Shape{2, 6, 3, 5}));
+  expect_vec<float>(out[0], s1, want1);
+  expect_vec<float>(out[1], s2, want2);
+}
+
+TEST(HloRun, ConvolutionBatchGroupsAndErrors) {
+  // batch_group_count = 2 on a 1-D conv: lhs batches {0} and {1} meet output
+  // features {0} and {1}: out[0, f] = x[f] (*) w[f].
+  Host x = f32({2, 1, 4}, {1, 2, 3, 4, 10, 20, 30, 40});
+  Host w = f32({2, 1, 2}, {1, 1, 1, -1});
+  auto out = run_fn({x, w}, [](Builder& b, std::vector<Value> p) {
+    return std::vector<Value>{b.convolution(p[0], p[1], {}, {}, {}, {}, 1, 2, DType::F32)};
+  });
+  expect_vec<float>(out[0], {1, 2, 3}, {3, 5, 7, -10, -10, -10});
+  Builder b;
+  Value a = b.param(Type{DType::F32, {1, 4, 5, 5}});
+  Value k = b.param(Type{DType::F32, {2, 3, 3, 3}});
+  Value big = b.param(Type{DType::F32, {2, 4, 7, 7}});
+  std::string groups = build_error([&] { b.convolution(a, k, {}, {}, {}, {}, 1, 1, DType::F32); });
+  std::string fit = build_error([&] { b.convolution(a, big, {}, {}, {}, {}, 1, 1, DType::F32); });
+  EXPECT_NE(groups.find("convolution"), std::string::npos) << groups;
+  EXPECT_NE(fit.find("does not fit"), std::string::npos) << fit;
+}
+
+TEST(HloRun, ReduceWindowDilatedAndArgmax) {
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  Host x = f32({1, 5}, {1, 7, 3, 7, 2});
+  Host y = f32({1, 4}, {1, nan, 5, nan});
+  auto out = run_fn({x, y}, [](Builder& b, std::vector<Value> p) {
+    Value z = b.constant(0, DType::F32);
+    Value ix = b.iota(Type{DType::I64, {1, 5}}, 1), iy = b.iota(Type{DType::I64, {1, 4}}, 1);
+    auto [m, i] = b.reduce_window_argmax(p[0], ix, {1, 2}, {1, 1}, {1, 2}, {0, 0}, {0, 2});
+    auto [mn, in] = b.reduce_window_argmax(p[1], iy, {1, 4}, {}, {}, {}, {});
+    return std::vector<Value>{
+        b.reduce_window_dilated(p[0], z, Reducer::Add, {1, 2}, {1, 2}, {1, 3}, {0, 1}, {0, 0}), m,
+        i, mn, in};
+  });
+  // Sum taps 3 apart over [pad, 1, 7, 3, 7, 2]: pad + 3, 7 + 2.
+  expect_vec<float>(out[0], {1, 2}, {3, 9});
+  // Max taps 2 apart: (1,3) (7,7) (3,2) (7,pad) (2,pad); ties keep the first.
+  expect_vec<float>(out[1], {1, 5}, {3, 7, 3, 7, 2});
+  expect_vec<int64_t>(out[2], {1, 5}, {2, 1, 2, 3, 4});
+  expect_vec<float>(out[3], {1, 1}, {nan});
+  expect_vec<int64_t>(out[4], {1, 1}, {3});  // torch CPU keeps the last NaN
+}
+
 }  // namespace
 // Whole floats that print with an exponent ("1e+09") must still parse as floats.
 TEST(HloRun, LargeWholeFloatConstantsParse) {
