@@ -116,8 +116,10 @@ def print_cold_vs_warm() -> None:
     cold, warm = cold_vs_warm()
     print("\n| compile cache (GPT, fresh process) | cold | warm | cold / warm |")
     print("|---|---:|---:|---:|")
-    for key, label in (("first_step_s", "first training step, s"),
-                       ("setup_and_first_step_s", "model + AdamW setup + first step, s")):
+    for key, label in (
+        ("first_step_s", "first training step, s"),
+        ("setup_and_first_step_s", "model + AdamW setup + first step, s"),
+    ):
         c, w = cold[key], warm[key]
         print(f"| {label} | {c:.2f} | {w:.2f} | {c / w:.1f}x |")
     print(f"| compiles (cache misses) | {cold['stats']['misses']} | {warm['stats']['misses']} | |")
