@@ -222,20 +222,6 @@ Value bin_matrix(Builder& b, int64_t out, int64_t in, DType t) {
   return where(inside, len.k(1), len.k(0)) / len;
 }
 
-// Contracts x's dim `d` with m's dim `md`, keeping x's dim order.
-Value contract(Builder& b, Value x, int64_t d, Value m, int64_t md) {
-  Value y = b.dot_general(x, m, {}, {}, {d}, {md}, x.dtype());
-  // dot_general puts m's free dim last; move it back to position d.
-  std::vector<int64_t> perm;
-  int64_t r = y.rank();
-  for (int64_t i = 0; i < r - 1; ++i) {
-    if (i == d) perm.push_back(r - 1);
-    perm.push_back(i);
-  }
-  if (d == r - 1) perm.push_back(r - 1);
-  return b.transpose(y, perm);
-}
-
 TPU_LOWERING(conv_pooling) {
   // (self, kernel_size, stride, padding, dilation, ceil_mode) -> (out, indices)
   reg("max_pool2d_with_indices", [](Ctx& c) -> V {

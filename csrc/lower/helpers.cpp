@@ -211,4 +211,17 @@ Ex where(const Ex& pred, const Ex& x, const Ex& y) {
                         broadcast_to(b, y.v, s)));
 }
 
+Value contract(Builder& b, Value x, int64_t d, Value m, int64_t md) {
+  Value y = b.dot_general(x, m, {}, {}, {d}, {md}, x.dtype());
+  // dot_general puts m's free dim last; move it back to position d.
+  std::vector<int64_t> perm;
+  int64_t r = y.rank();
+  for (int64_t i = 0; i < r - 1; ++i) {
+    if (i == d) perm.push_back(r - 1);
+    perm.push_back(i);
+  }
+  if (d == r - 1) perm.push_back(r - 1);
+  return b.transpose(y, perm);
+}
+
 }  // namespace torchtpu::lower

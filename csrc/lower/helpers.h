@@ -82,4 +82,8 @@ Ex where(const Ex& pred, const Ex& x, const Ex& y);
 // Scalar constant with the given dtype, rank 0.
 inline Ex scalar(Builder& b, double c, DType t) { return Ex(b, b.constant(c, t)); }
 
+// Contracts x's dim `d` with m's dim `md` (a matrix applied along one axis),
+// keeping x's dim order: the result has m's free dim at position d.
+Value contract(Builder& b, Value x, int64_t d, Value m, int64_t md);
+
 }  // namespace torchtpu::lower
