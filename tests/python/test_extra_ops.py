@@ -1,0 +1,178 @@
+"""glu, prelu, hard/soft shrink, reducing scatters and embedding_bag on tpu
+against PyTorch CPU: forward values and gradients, in strict and debug modes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_tpu_close
+
+# torch warns that index_reduce is beta and scatter(reduce=) deprecated.
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _f(*shape):
+    """A float leaf that takes part in the gradient check."""
+    return torch.randn(*shape).requires_grad_(True)
+
+
+def _i(values, d):
+    return torch.tensor(values, device=d)
+
+
+# Index tensors with repeats and an untouched target row (CPU rejects negatives).
+_IDX = [[0, 1, 0, 2, 1, 0], [3, 3, 1, 0, 2, 2]]  # dim 0 of a [4, 6] self
+_IDX_T = [[0, 2], [1, 1], [3, 0]]  # dim 1 of a [3, 4] self
+
+# name -> (fn(device, *inputs), make() -> inputs as CPU tensors)
+CASES = {
+    "glu_last": (lambda d, x: F.glu(x, -1), lambda: [_f(4, 6)]),
+    "glu_dim0": (lambda d, x: F.glu(x, 0), lambda: [_f(4, 3, 2)]),
+    "prelu_shared": (
+        lambda d, x, w: F.prelu(x, w),
+        lambda: [_f(3, 4), torch.tensor([0.25]).requires_grad_(True)],
+    ),
+    "prelu_channels": (
+        lambda d, x, w: F.prelu(x, w),
+        lambda: [_f(2, 3, 5), torch.rand(3).requires_grad_(True)],
+    ),
+    "hardshrink": (lambda d, x: F.hardshrink(x, 0.5), lambda: [_f(4, 6)]),
+    "softshrink": (lambda d, x: F.softshrink(x, 0.7), lambda: [_f(4, 6)]),
+    "scatter_add_reduce": (
+        lambda d, x, s: x.scatter(0, _i(_IDX, d), s, reduce="add"),
+        lambda: [torch.randn(4, 6), torch.randn(2, 6)],
+    ),
+    "scatter_multiply_reduce": (
+        lambda d, x, s: x.scatter(0, _i(_IDX, d), s, reduce="multiply"),
+        lambda: [torch.randn(4, 6), torch.randn(2, 6)],
+    ),
+    "scatter_value_add": (
+        lambda d, x: x.scatter(1, _i(_IDX_T, d), 1.5, reduce="add"),
+        lambda: [torch.randn(3, 4)],
+    ),
+    "scatter_value_multiply": (
+        lambda d, x: x.scatter(1, _i(_IDX_T, d), -2.0, reduce="multiply"),
+        lambda: [torch.randn(3, 4)],
+    ),
+    "scatter_reduce_int_mean": (
+        lambda d, x, s: x.scatter_reduce(0, _i(_IDX, d), s, "mean", include_self=True),
+        lambda: [torch.randint(-9, 9, (4, 6)), torch.randint(-9, 9, (2, 6))],
+    ),
+    "scatter_reduce_int_amax": (
+        lambda d, x, s: x.scatter_reduce(0, _i(_IDX, d), s, "amax", include_self=False),
+        lambda: [torch.randint(-9, 9, (4, 6)), torch.randint(-9, 9, (2, 6))],
+    ),
+}
+
+for _red in ["sum", "prod", "mean", "amax", "amin"]:
+    for _inc in [True, False]:
+        _tag = f"{_red}_{'self' if _inc else 'noself'}"
+        CASES[f"scatter_reduce_{_tag}"] = (
+            lambda d, x, s, r=_red, i=_inc: x.scatter_reduce(0, _i(_IDX, d), s, r, include_self=i),
+            lambda: [_f(4, 6), _f(2, 6)],
+        )
+        CASES[f"scatter_reduce_dim1_{_tag}"] = (
+            lambda d, x, s, r=_red, i=_inc: x.scatter_reduce(
+                -1, _i(_IDX_T, d), s, r, include_self=i
+            ),
+            lambda: [_f(3, 4), _f(3, 2)],
+        )
+        if _red != "sum":
+            CASES[f"index_reduce_{_tag}"] = (
+                lambda d, x, s, r=_red, i=_inc: x.index_reduce(
+                    1, _i([2, 0, 2], d), s, r, include_self=i
+                ),
+                lambda: [_f(3, 4), _f(3, 3)],
+            )
+
+# Bags [0:4], [4:4] (empty), [4:8] over 10 rows; index 2 is in both bags.
+_EB_IDX = [1, 2, 4, 5, 4, 3, 2, 9]
+_EB_OFF = [0, 4, 4]
+for _mode in ["sum", "mean", "max"]:
+    CASES[f"embedding_bag_{_mode}"] = (
+        lambda d, w, m=_mode: F.embedding_bag(_i(_EB_IDX, d), w, _i(_EB_OFF, d), mode=m),
+        lambda: [_f(10, 3)],
+    )
+    CASES[f"embedding_bag_{_mode}_padding"] = (
+        lambda d, w, m=_mode: F.embedding_bag(
+            _i(_EB_IDX, d), w, _i(_EB_OFF, d), mode=m, padding_idx=2
+        ),
+        lambda: [_f(10, 3)],
+    )
+    CASES[f"embedding_bag_{_mode}_last_offset"] = (
+        lambda d, w, m=_mode: F.embedding_bag(
+            _i(_EB_IDX, d), w, _i([0, 3, 8], d), mode=m, include_last_offset=True
+        ),
+        lambda: [_f(10, 3)],
+    )
+    CASES[f"embedding_bag_{_mode}_2d"] = (
+        lambda d, w, m=_mode: F.embedding_bag(_i(_EB_IDX, d).view(2, 4), w, mode=m),
+        lambda: [_f(10, 3)],
+    )
+CASES["embedding_bag_per_sample_weights"] = (
+    lambda d, w, p: F.embedding_bag(
+        _i(_EB_IDX, d), w, _i(_EB_OFF, d), mode="sum", per_sample_weights=p
+    ),
+    lambda: [_f(10, 3), torch.rand(8).requires_grad_(True)],
+)
+
+
+def _leaves(inputs, dev):
+    return [t.detach().to(dev).requires_grad_(t.requires_grad) for t in inputs]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_extra_op(name, eager):
+    fn, make = CASES[name]
+    inputs = make()
+    ref_in, dev_in = _leaves(inputs, "cpu"), _leaves(inputs, "tpu")
+    ref, out = fn("cpu", *ref_in), fn("tpu", *dev_in)
+    assert_tpu_close(out, ref)
+    wrt = [k for k, t in enumerate(inputs) if t.requires_grad]
+    if not wrt:
+        return
+    grad = torch.randn(ref.shape)
+    ref_g = torch.autograd.grad(ref, [ref_in[k] for k in wrt], grad)
+    dev_g = torch.autograd.grad(out, [dev_in[k] for k in wrt], grad.to("tpu"))
+    assert_tpu_close(list(dev_g), list(ref_g))
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_embedding_bag_aux_outputs(mode, eager):
+    """offset2bag, bag_size and max_indices match CPU where CPU fills them
+    (sum leaves bag_size/max_indices unset; mean's max_indices is empty in the
+    meta kernel but not on CPU)."""
+    w = torch.randn(10, 3)
+    args = (torch.tensor(_EB_IDX), torch.tensor(_EB_OFF), False, mode, False, None, False, 2)
+    ref = torch.ops.aten._embedding_bag(w, *args)
+    dev_args = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    out = torch.ops.aten._embedding_bag(w.to("tpu"), *dev_args)
+    assert_tpu_close(out[0], ref[0])
+    assert_tpu_close(out[1], ref[1])
+    if mode != 0:
+        assert_tpu_close(out[2], ref[2])
+    if mode == 2:
+        assert_tpu_close(out[3], ref[3])
+
+
+def test_inplace_and_out_variants(eager):
+    x, s = torch.randn(4, 6), torch.randn(2, 6)
+    idx = torch.tensor(_IDX)
+    # src wider than the index: only its index-shaped corner is read.
+    s = torch.randn(2, 7)
+    ref = x.clone().scatter_reduce_(0, idx, s, "amax", include_self=False)
+    out = x.to("tpu").scatter_reduce_(0, idx.to("tpu"), s.to("tpu"), "amax", include_self=False)
+    assert_tpu_close(out, ref)
+    ref = x.clone().scatter_(0, idx, s, reduce="multiply")
+    out = x.to("tpu").scatter_(0, idx.to("tpu"), s.to("tpu"), reduce="multiply")
+    assert_tpu_close(out, ref)
+    ref = torch.empty(4, 3)
+    torch._C._nn.glu(x, 1, out=ref)
+    out = torch.empty(4, 3, device="tpu")
+    torch._C._nn.glu(x.to("tpu"), 1, out=out)
+    assert_tpu_close(out, ref)
+    ref = F.softshrink(x, 0.3)
+    out = torch.empty(4, 6, device="tpu")
+    torch._C._nn.softshrink(x.to("tpu"), 0.3, out=out)
+    assert_tpu_close(out, ref)
