@@ -150,9 +150,7 @@ void device_copy(const at::Tensor& src, const at::Tensor& dst) {
   // Read src densely, then broadcast/convert/write into dst in one program.
   pjrt::BufferPtr sbuf = dense_buffer(src);
   DType d = to_dtype(dst.scalar_type());
-  if (src.sizes() == dst.sizes()) {
-    if (sbuf->dtype() == d) return write_dense(dst, sbuf);
-  }
+  if (src.sizes() == dst.sizes() && sbuf->dtype() == d) return write_dense(dst, sbuf);
   std::string key = "bcast" + geom_key(src) + geom_key(dst);
   auto outs = run_internal(
       key,

@@ -208,8 +208,7 @@ class CallCtx final : public lower::Ctx {
         slots_(slots),
         entry_(entry),
         outs_(std::move(outs)),
-        current_(slots.storages.size()),
-        param_dtype_(slots.storages.size()) {}
+        current_(slots.storages.size()) {}
 
   const c10::IValue& arg(int i) const override { return args_[first_ + i]; }
   int num_args() const override { return static_cast<int>(info_.scalar_arg.size()); }
@@ -269,7 +268,6 @@ class CallCtx final : public lower::Ctx {
       return current_[slot];
     }
     entry_.inputs.push_back({InputSource::Storage, slot, -1, d, n});
-    param_dtype_[slot] = d;
     current_[slot] = b.param(Type{d, {n}});
     return current_[slot];
   }
@@ -321,7 +319,6 @@ class CallCtx final : public lower::Ctx {
   Entry& entry_;
   std::vector<Type> outs_;
   std::vector<Value> current_;
-  std::vector<DType> param_dtype_;
   std::vector<int> written_;
 };
 

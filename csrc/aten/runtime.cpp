@@ -179,14 +179,6 @@ void synchronize() {
 
 // --- storage and allocator
 
-namespace {
-
-void delete_storage(void* ctx) {
-  auto* s = static_cast<DeviceStorage*>(ctx);
-  metrics().bytes_in_use -= static_cast<int64_t>(s->nbytes);
-  delete s;
-}
-
 // Device memory the allocator hands out: TORCHTPU_MEMORY_LIMIT bytes, else the
 // host's physical memory (the XLA:CPU plugin allocates there).
 int64_t memory_limit() {
@@ -197,6 +189,14 @@ int64_t memory_limit() {
            static_cast<int64_t>(sysconf(_SC_PHYS_PAGES));
   }();
   return limit;
+}
+
+namespace {
+
+void delete_storage(void* ctx) {
+  auto* s = static_cast<DeviceStorage*>(ctx);
+  metrics().bytes_in_use -= static_cast<int64_t>(s->nbytes);
+  delete s;
 }
 
 void check_capacity(size_t n, int dev) {

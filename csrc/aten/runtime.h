@@ -35,6 +35,9 @@ struct DeviceStorage {
 
 DeviceStorage& device_storage(const c10::Storage& storage);
 c10::Allocator* allocator();
+// Bytes the allocator hands out per device: TORCHTPU_MEMORY_LIMIT, else the
+// host's physical memory.
+int64_t memory_limit();
 // Replaces the storage's bytes with a zero-initialized allocation of `nbytes`,
 // keeping the leading old contents (untyped_storage().resize_()).
 void resize_storage(const c10::Storage& storage, size_t nbytes);

@@ -123,6 +123,7 @@ PYBIND11_MODULE(_C, m) {
                     &x.bytes_to_device, &x.bytes_to_host, &x.executions, &x.compile_ns})
       *c = 0;
   });
+  m.def("memory_limit", [] { return memory_limit(); });
   m.def("memory_allocated", [] { return metrics().bytes_in_use.load(); });
   m.def("max_memory_allocated", [] { return metrics().peak_bytes.load(); });
   m.def("reset_peak_memory_stats", [] { metrics().peak_bytes = metrics().bytes_in_use.load(); });

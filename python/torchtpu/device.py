@@ -81,11 +81,10 @@ def get_device_name(device: _DeviceLike = None) -> str:
 
 
 def get_device_properties(device: _DeviceLike = None) -> Any:
-    import os
     from types import SimpleNamespace
 
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return SimpleNamespace(name=get_device_name(device), total_memory=total)
+    # The allocator's limit: what tensors on this device can actually use.
+    return SimpleNamespace(name=get_device_name(device), total_memory=_C.memory_limit())
 
 
 # ---- RNG (one Philox state per device: 16 bytes [seed | offset])

@@ -15,17 +15,12 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-# Environment variables that change the backend's behaviour: the test process
-# itself always runs with none of them (subprocess tests set them explicitly).
-_BACKEND_ENV = (
-    "TORCHTPU_CPU_FALLBACK",
-    "TORCHTPU_EAGER",
-    "TPU_LAUNCH_BLOCKING",
-    "TORCHTPU_CHECK_NANS",
-    "TORCHTPU_NUM_DEVICES",
-    "TORCHTPU_PJRT_PLUGIN",
-    "TORCHTPU_PLATFORM",
-)
+# Environment variables that change the backend's behaviour (one list, kept by
+# the conformance harness): the test process itself always runs with none of
+# them (subprocess tests set them explicitly). The harness imports no torch.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
+from harness import BACKEND_ENV as _BACKEND_ENV
+
 for _name in _BACKEND_ENV:
     os.environ.pop(_name, None)
 # A fresh compile cache per test session (subprocesses inherit it), so results
