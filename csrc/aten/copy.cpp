@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "aten/executor.h"
+#include "aten/fused.h"
 #include "lower/types.h"
 #include "lower/view.h"
 
@@ -89,6 +90,7 @@ bool whole_storage(const at::Tensor& t, const DeviceStorage& st) {
 // Writes `value_buf` (dense, dst's sizes; maybe another dtype) through dst's view.
 void write_dense(const at::Tensor& dst, const pjrt::BufferPtr& value_buf) {
   auto& st = device_storage(dst.storage());
+  fused_sync(st, "write", /*write=*/true);
   DType d = to_dtype(dst.scalar_type());
   if (whole_storage(dst, st) && value_buf->dtype() == d) {
     st.buffer = value_buf;
@@ -117,7 +119,8 @@ void write_dense(const at::Tensor& dst, const pjrt::BufferPtr& value_buf) {
 
 }  // namespace
 
-pjrt::BufferPtr dense_buffer(const at::Tensor& t) {
+pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
+  fused_sync(device_storage(t.storage()), why);
   auto& st = ready_storage(t);
   DType d = to_dtype(t.scalar_type());
   if (whole_storage(t, st) && st.dtype == d) return st.buffer;
@@ -188,6 +191,7 @@ void host_to_device(const at::Tensor& src, const at::Tensor& dst) {
 void resize_storage(const c10::Storage& storage, size_t nbytes) {
   auto& st = device_storage(storage);
   if (nbytes == st.nbytes) return;
+  fused_sync(st, "resize", /*write=*/true);
   if (st.buffer) {
     size_t is = itemsize(st.dtype);
     TORCH_CHECK(nbytes % is == 0, "[tpu] cannot resize a ", mlir_name(st.dtype), " storage to ",

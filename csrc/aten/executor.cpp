@@ -18,7 +18,9 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "aten/fused.h"
 #include "aten/generator.h"
+#include "aten/program.h"
 #include "cache/compile_cache.h"
 #include "lower/helpers.h"
 #include "lower/types.h"
@@ -32,15 +34,6 @@ using hlo::Value;
 using lower::to_dtype;
 
 namespace {
-
-// Where each program input comes from at run time.
-struct InputSource {
-  enum Kind : uint8_t { Storage, Scalar, Host, Rng } kind;
-  int index;  // storage slot or argument index
-  int sub;    // element of a Tensor[] argument, -1 otherwise
-  DType dtype;
-  int64_t n;  // storage elements (Storage)
-};
 
 struct OutSpec {
   bool write;  // true: new value of storage `slot`; false: a fresh tensor
@@ -58,23 +51,20 @@ struct Entry {
   int64_t rng_numel = -1;
 };
 
-// Distinct storages of a call, numbered in order of first use.
-struct Slots {
-  std::vector<DeviceStorage*> storages;
-  int slot(DeviceStorage* s) {
-    for (size_t i = 0; i < storages.size(); ++i)
-      if (storages[i] == s) return static_cast<int>(i);
-    storages.push_back(s);
-    return static_cast<int>(storages.size()) - 1;
-  }
-};
-
 template <typename T>
 void put(std::string& k, const T& v) {
   k.append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
-void key_tensor(std::string& k, const at::Tensor& t, Slots& slots, bool host_ok = false) {
+int slot_index(std::vector<DeviceStorage*>& storages, DeviceStorage* s) {
+  for (size_t i = 0; i < storages.size(); ++i)
+    if (storages[i] == s) return static_cast<int>(i);
+  storages.push_back(s);
+  return static_cast<int>(storages.size()) - 1;
+}
+
+void key_tensor(std::string& k, const at::Tensor& t, std::vector<DeviceStorage*>& slots,
+                bool host_ok = false) {
   if (!t.defined()) {
     k.push_back('u');
     return;
@@ -96,12 +86,13 @@ void key_tensor(std::string& k, const at::Tensor& t, Slots& slots, bool host_ok 
   for (int64_t s : t.strides()) put(k, s);
   put(k, t.storage_offset());
   auto& st = device_storage(t.storage());
-  put(k, static_cast<int16_t>(slots.slot(&st)));
+  put(k, static_cast<int16_t>(slot_index(slots, &st)));
   put(k, static_cast<uint64_t>(st.nbytes));
-  put(k, st.buffer ? static_cast<int8_t>(st.dtype) : int8_t(-1));
+  put(k, st.has_value() ? static_cast<int8_t>(st.dtype) : int8_t(-1));
 }
 
-void key_ivalue(std::string& k, const c10::IValue& v, bool scalar, Slots& slots) {
+void key_ivalue(std::string& k, const c10::IValue& v, bool scalar,
+                std::vector<DeviceStorage*>& slots) {
   if (v.isNone()) {
     k.push_back('n');
   } else if (v.isTensor()) {
@@ -156,64 +147,30 @@ std::unordered_map<std::string, std::shared_ptr<Entry>>& cache() {
   return *c;
 }
 
-// Scalars are uploaded per call; small values repeat, so keep their buffers.
-pjrt::BufferPtr scalar_buffer(const c10::IValue& v, DType dtype, int device) {
-  static std::mutex mu;
-  static auto& memo = *new std::unordered_map<std::string, pjrt::BufferPtr>();
-  alignas(8) unsigned char bytes[8] = {0};
-  if (dtype == DType::F64) {
-    double d = v.toScalar().toDouble();
-    std::memcpy(bytes, &d, 8);
-  } else if (dtype == DType::Bool) {
-    bytes[0] = v.toScalar().toBool() ? 1 : 0;
-  } else {
-    int64_t i = v.toScalar().toLong();
-    std::memcpy(bytes, &i, 8);
-  }
-  std::string key(reinterpret_cast<char*>(bytes), 8);
-  key.push_back(static_cast<char>(dtype));
-  key.push_back(static_cast<char>(device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = memo.find(key);
-  if (it != memo.end()) return it->second;
-  auto buf = client().buffer_from_host(bytes, dtype, {}, device);
-  metrics().bytes_to_device += static_cast<int64_t>(itemsize(dtype));
-  if (memo.size() > 4096) memo.clear();
-  memo.emplace(std::move(key), buf);
-  return buf;
-}
-
 DType scalar_dtype(const c10::IValue& v) {
   if (v.isDouble()) return DType::F64;
   if (v.isBool()) return DType::Bool;
   return DType::I64;
 }
 
-int64_t storage_elems(const DeviceStorage& st, DType dtype) {
-  size_t is = itemsize(dtype);
-  TORCH_CHECK(st.nbytes % is == 0, "[tpu] storage of ", st.nbytes,
-              " bytes cannot hold whole elements of size ", is);
-  return static_cast<int64_t>(st.nbytes / is);
-}
-
-// Builds the program of one call (on a cache miss).
+// What a lowering rule sees of one call inside a Program.
 class CallCtx final : public lower::Ctx {
  public:
-  CallCtx(Builder& b, const OpInfo& info, const torch::jit::Stack& args, size_t first, Slots& slots,
-          Entry& entry, std::vector<Type> outs)
-      : Ctx(b),
+  CallCtx(Program& p, int node, const OpInfo& info, const torch::jit::Stack& args, size_t first,
+          const SlotOf& slot_of, const CallOutputs& outs)
+      : Ctx(p.b),
+        p_(p),
+        node_(node),
         info_(info),
         args_(args),
         first_(first),
-        slots_(slots),
-        entry_(entry),
-        outs_(std::move(outs)),
-        current_(slots.storages.size()) {}
+        slot_of_(slot_of),
+        outs_(outs) {}
 
   const c10::IValue& arg(int i) const override { return args_[first_ + i]; }
   int num_args() const override { return static_cast<int>(info_.scalar_arg.size()); }
-  const Type& out(int k) const override { return outs_.at(k); }
-  int num_outputs() const override { return static_cast<int>(outs_.size()); }
+  const Type& out(int k) const override { return outs_.types.at(k); }
+  int num_outputs() const override { return static_cast<int>(outs_.types.size()); }
   const std::string& op_name() const override { return info_.name; }
 
   Value in(int i) override {
@@ -241,7 +198,7 @@ class CallCtx final : public lower::Ctx {
 
   Value scalar(int i, DType as) override {
     DType d = scalar_dtype(arg(i));
-    entry_.inputs.push_back({InputSource::Scalar, i, -1, d, 0});
+    p_.inputs.push_back({InputSource::Scalar, node_, i, -1, d, 0});
     return b.convert(b.param(Type{d, {}}), as);
   }
 
@@ -250,76 +207,35 @@ class CallCtx final : public lower::Ctx {
   }
 
   Value rng_state(int64_t numel) override {
-    TORCH_CHECK(entry_.rng_numel < 0, "[tpu] ", info_.name, ": one random stream per op");
-    entry_.rng_numel = numel;
-    entry_.inputs.push_back({InputSource::Rng, -1, -1, DType::U64, 2});
+    TORCH_CHECK(rng_numel_ < 0, "[tpu] ", info_.name, ": one random stream per op");
+    rng_numel_ = numel;
+    p_.inputs.push_back({InputSource::Rng, node_, -1, -1, DType::U64, 2});
     return b.param(Type{DType::U64, {2}});
   }
 
-  // Current value of a storage (a parameter, or the value after writes).
-  Value storage(int slot, DType dtype_if_empty) {
-    if (current_[slot].valid()) return current_[slot];
-    DeviceStorage* st = slots_.storages[slot];
-    DType d = st->buffer ? st->dtype : dtype_if_empty;
-    int64_t n = storage_elems(*st, d);
-    if (!st->buffer) {
-      // Never written: zeros made on the device, nothing uploaded.
-      current_[slot] = b.splat(0, Type{d, {n}});
-      return current_[slot];
-    }
-    entry_.inputs.push_back({InputSource::Storage, slot, -1, d, n});
-    current_[slot] = b.param(Type{d, {n}});
-    return current_[slot];
-  }
-
-  void write(const at::Tensor& t, Value v) {
-    int slot = slots_.slot(&device_storage(t.storage()));
-    DType d = to_dtype(t.scalar_type());
-    auto g = view_geom(t);
-    DeviceStorage* st = slots_.storages[slot];
-    int64_t n = storage_elems(*st, d);
-    // As eager: no writes into expanded views, except the fills CPU allows.
-    const std::string base = info_.name.substr(0, info_.name.find('.'));
-    if (base != "fill_" && base != "zero_" && base != "masked_fill_")
-      at::assert_no_internal_overlap(t);
-    v = lower::coerce(b, v, Type{d, t.sizes().vec()});
-    if (g.contiguous() && g.offset == 0 && g.numel() == n && !current_[slot].valid()) {
-      current_[slot] = b.reshape(v, {n});  // whole overwrite: the old value is never read
-    } else {
-      Value flat = storage(slot, d);
-      DType held = flat.dtype();
-      // Write in the view's dtype, then store back in the storage's dtype.
-      current_[slot] =
-          b.reinterpret_flat(lower::write_view(b, b.reinterpret_flat(flat, d), g, v), held);
-    }
-    if (std::find(written_.begin(), written_.end(), slot) == written_.end())
-      written_.push_back(slot);
-  }
-
-  const std::vector<int>& written() const { return written_; }
-  Value current(int slot) const { return current_[slot]; }
+  void write(const at::Tensor& t, Value v) { p_.write(slot_of_(t), t, v, info_.name); }
+  int64_t rng_numel() const { return rng_numel_; }
 
  private:
   Value load(const at::Tensor& t, int i, int sub) {
     DType d = to_dtype(t.scalar_type());
-    if (!t.device().is_privateuseone()) {
-      entry_.inputs.push_back({InputSource::Host, i, sub, d, 0});
+    int slot = slot_of_(t);
+    if (slot < 0) {
+      p_.inputs.push_back({InputSource::Host, node_, i, sub, d, 0});
       return b.param(Type{d, t.sizes().vec()});
     }
-    int slot = slots_.slot(&device_storage(t.storage()));
-    Value flat = storage(slot, d);
-    flat = b.reinterpret_flat(flat, d);  // a storage viewed as another dtype
+    Value flat = b.reinterpret_flat(p_.storage(slot, d), d);  // maybe viewed as another dtype
     return lower::read_view(b, flat, view_geom(t));
   }
 
+  Program& p_;
+  int node_;
   const OpInfo& info_;
   const torch::jit::Stack& args_;
   size_t first_;
-  Slots& slots_;
-  Entry& entry_;
-  std::vector<Type> outs_;
-  std::vector<Value> current_;
-  std::vector<int> written_;
+  const SlotOf& slot_of_;
+  const CallOutputs& outs_;
+  int64_t rng_numel_ = -1;
 };
 
 // PyTorch's meta kernel gives the outputs' dtypes and sizes (and its errors).
@@ -370,101 +286,57 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch:
   return outs;
 }
 
-const at::Tensor& alias_target(const torch::jit::Stack& args, size_t first, int arg) {
-  return args[first + arg].toTensor();
-}
-
-bool resize_outs(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& args,
-                 size_t first, size_t n) {
-  std::vector<int> lists;
-  std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, lists);
-  bool resized = false;
-  for (size_t r = 0; r < info.ret_alias_arg.size() && r < metas.size(); ++r) {
-    int a = info.ret_alias_arg[r];
-    if (a < 0 || lists[r] >= 0) continue;
-    const at::Tensor& out = args[first + a].toTensor();
-    if (out.sizes() != metas[r].sizes()) {
-      out.resize_(metas[r].sizes());
-      resized = true;
-    }
-  }
-  return resized;
-}
-
+// Builds the program of one call (on a cache miss).
 std::shared_ptr<Entry> compile_call(const c10::OperatorHandle& op, const OpInfo& info,
                                     const torch::jit::Stack& args, size_t first, size_t n,
-                                    Slots& slots) {
+                                    std::vector<DeviceStorage*>& storages) {
   auto entry = std::make_shared<Entry>();
-  std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, entry->ret_lists);
-  std::vector<Type> out_types;
-  for (const at::Tensor& m : metas)
-    out_types.push_back(m.defined() ? Type{to_dtype(m.scalar_type()), m.sizes().vec()}
-                                    : Type{DType::F32, {}});
-  Builder b;
-  CallCtx ctx(b, info, args, first, slots, *entry, out_types);
-  std::vector<Value> vals = (*info.rule)(ctx);
-  TORCH_CHECK(vals.size() == metas.size(), "[tpu] lowering of ", info.name, " returned ",
-              vals.size(), " values for ", metas.size(), " outputs");
+  CallOutputs outs = call_outputs(op, args, first, n);
+  entry->ret_lists = outs.ret_lists;
+  Program p;
+  for (DeviceStorage* st : storages) p.add_slot({st->has_value(), st->dtype, st->nbytes});
+  SlotOf slot_of = [&](const at::Tensor& t) {
+    return t.device().is_privateuseone() ? slot_index(storages, &device_storage(t.storage())) : -1;
+  };
+  std::vector<Value> vals = lower_call(p, 0, info, args, first, slot_of, outs, &entry->rng_numel);
   std::vector<Value> results;
-  size_t k = 0;
-  for (size_t r = 0; r < entry->ret_lists.size(); ++r) {
-    int cnt = entry->ret_lists[r] < 0 ? 1 : entry->ret_lists[r];
-    int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
-    for (int j = 0; j < cnt; ++j, ++k) {
-      if (alias >= 0) {
-        ctx.write(alias_target(args, first, alias), vals[k]);
-        continue;
-      }
-      if (!metas[k].defined()) {
-        entry->outs.push_back({false, -1, DType::F32, {}, true});
-        continue;
-      }
-      Value v = lower::coerce(b, vals[k], out_types[k]);
-      results.push_back(b.reshape(v, {out_types[k].numel()}));
-      entry->outs.push_back({false, -1, out_types[k].dtype, out_types[k].shape});
+  for (size_t k = 0; k < vals.size(); ++k) {
+    if (outs.undefined[k]) {
+      entry->outs.push_back({false, -1, DType::F32, {}, true});
+    } else if (vals[k].valid()) {
+      results.push_back(p.b.reshape(vals[k], {outs.types[k].numel()}));
+      entry->outs.push_back({false, -1, outs.types[k].dtype, outs.types[k].shape});
     }
   }
-  for (int slot : ctx.written()) {
-    Value v = ctx.current(slot);
+  for (int slot : p.written) {
+    Value v = p.current[slot];
     results.push_back(v);
     entry->outs.push_back({true, slot, v.dtype(), v.shape()});
   }
-  b.ret(results);
-  entry->exe = compile_cached(b.module());
+  p.b.ret(results);
+  entry->inputs = std::move(p.inputs);
+  entry->exe = compile_cached(p.b.module());
   return entry;
 }
 
-pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device) {
-  at::Tensor t =
-      sub < 0 ? v.toTensor()
-              : (v.isTensorList() ? v.toTensorList().get(sub) : v.toList().get(sub).toTensor());
-  t = t.contiguous();
-  metrics().bytes_to_device += static_cast<int64_t>(t.nbytes());
-  return client().buffer_from_host(t.data_ptr(), to_dtype(t.scalar_type()), t.sizes(), device);
-}
-
-std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_t first, size_t n) {
-  for (size_t i = 0; i < n; ++i)
-    if (args[first + i].isGenerator()) return args[first + i].toGenerator();
-  return std::nullopt;
-}
-
-int call_device(const Slots& slots) {
-  if (!slots.storages.empty()) return slots.storages[0]->device;
+int call_device(const std::vector<DeviceStorage*>& storages) {
+  if (!storages.empty()) return storages[0]->device;
   return current_device();
 }
 
 // Buffers for the program's inputs, in the order the entry recorded them.
 std::vector<pjrt::BufferPtr> gather_inputs(const Entry& entry, const torch::jit::Stack& args,
-                                           size_t first, size_t n, const Slots& slots, int device) {
+                                           size_t first, size_t n,
+                                           const std::vector<DeviceStorage*>& storages,
+                                           int device) {
   std::vector<pjrt::BufferPtr> owned;
   owned.reserve(entry.inputs.size());
   for (const InputSource& in : entry.inputs) {
     switch (in.kind) {
       case InputSource::Storage:
         // The key records which storages were unwritten; those never become inputs.
-        TORCH_INTERNAL_ASSERT(slots.storages[in.index]->buffer);
-        owned.push_back(slots.storages[in.index]->buffer);
+        TORCH_INTERNAL_ASSERT(storages[in.index]->buffer);
+        owned.push_back(storages[in.index]->buffer);
         break;
       case InputSource::Scalar:
         owned.push_back(scalar_buffer(args[first + in.index], in.dtype, device));
@@ -487,41 +359,28 @@ std::vector<pjrt::BufferPtr> gather_inputs(const Entry& entry, const torch::jit:
 // Installs the outputs: new buffers of written storages, fresh tensors, and
 // the op's returns (aliased arguments for in-place/out= ops) on the stack.
 void push_results(const Entry& entry, const OpInfo& info, const std::vector<pjrt::BufferPtr>& outs,
-                  const Slots& slots, int device, torch::jit::Stack& stack, size_t first) {
+                  const std::vector<DeviceStorage*>& storages, int device,
+                  torch::jit::Stack& stack, size_t first) {
   std::vector<at::Tensor> fresh;
   size_t next = 0;
   for (const OutSpec& o : entry.outs) {
     if (o.undefined) {
       fresh.emplace_back();
     } else if (o.write) {
-      DeviceStorage* st = slots.storages[o.slot];
+      DeviceStorage* st = storages[o.slot];
       st->buffer = outs[next++];
       st->dtype = o.dtype;
     } else {
       fresh.push_back(wrap_buffer(outs[next++], o.sizes, lower::to_scalar_type(o.dtype), device));
     }
   }
-  torch::jit::Stack args(stack.begin() + first, stack.end());
-  stack.erase(stack.begin() + first, stack.end());
-  size_t f = 0;
-  for (size_t r = 0; r < entry.ret_lists.size(); ++r) {
-    int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
-    if (alias >= 0) {
-      stack.push_back(args[alias]);
-    } else if (entry.ret_lists[r] < 0) {
-      stack.push_back(fresh[f++]);
-    } else {
-      c10::List<at::Tensor> l;
-      for (int j = 0; j < entry.ret_lists[r]; ++j) l.push_back(fresh[f++]);
-      stack.push_back(l);
-    }
-  }
+  push_returns(info, entry.ret_lists, fresh, stack, first);
 }
 
-void check_same_device(const std::string& name, const Slots& slots) {
-  for (DeviceStorage* s : slots.storages)
-    TORCH_CHECK(s->device == slots.storages[0]->device, "[tpu] ", name,
-                ": expected all tensors on the same device, found tpu:", slots.storages[0]->device,
+void check_same_device(const std::string& name, const std::vector<DeviceStorage*>& storages) {
+  for (DeviceStorage* s : storages)
+    TORCH_CHECK(s->device == storages[0]->device, "[tpu] ", name,
+                ": expected all tensors on the same device, found tpu:", storages[0]->device,
                 " and tpu:", s->device, "; move them with .to()");
 }
 
@@ -605,16 +464,181 @@ at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarT
   return t;
 }
 
-void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
-  const size_t n = op.schema().arguments().size();
-  const size_t first = stack->size() - n;
-  Slots slots;
-  std::string key;
-  key.reserve(256);
+hlo::Value Program::storage(int slot, DType dtype_if_empty) {
+  if (current[slot].valid()) return current[slot];
+  const SlotState& s = slots[slot];
+  TORCH_INTERNAL_ASSERT(!s.produced, "[tpu] a fused value was read before it was produced");
+  DType d = s.has_value ? s.dtype : dtype_if_empty;
+  int64_t n = storage_elems(DeviceStorage{0, s.nbytes, nullptr, d}, d);
+  if (!s.has_value) {
+    // Never written: zeros made on the device, nothing uploaded.
+    current[slot] = b.splat(0, Type{d, {n}});
+    return current[slot];
+  }
+  param_of_slot[slot] = b.num_params();
+  inputs.push_back({InputSource::Storage, 0, slot, -1, d, n});
+  current[slot] = b.param(Type{d, {n}}, s.donate);
+  return current[slot];
+}
+
+void Program::write(int slot, const at::Tensor& t, hlo::Value v, const std::string& op) {
+  DType d = to_dtype(t.scalar_type());
+  auto g = view_geom(t);
+  int64_t n = storage_elems(DeviceStorage{0, slots[slot].nbytes, nullptr, d}, d);
+  // As eager: no writes into expanded views, except the fills CPU allows.
+  const std::string base = op.substr(0, op.find('.'));
+  if (base != "fill_" && base != "zero_" && base != "masked_fill_") at::assert_no_internal_overlap(t);
+  v = lower::coerce(b, v, Type{d, t.sizes().vec()});
+  if (g.contiguous() && g.offset == 0 && g.numel() == n) {
+    current[slot] = b.reshape(v, {n});  // whole overwrite: the old value is never read
+  } else {
+    Value flat = storage(slot, d);
+    DType held = flat.dtype();
+    // Write in the view's dtype, then store back in the storage's dtype.
+    current[slot] =
+        b.reinterpret_flat(lower::write_view(b, b.reinterpret_flat(flat, d), g, v), held);
+  }
+  if (std::find(written.begin(), written.end(), slot) == written.end()) written.push_back(slot);
+}
+
+CallOutputs call_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args, size_t first,
+                         size_t n) {
+  CallOutputs co;
+  std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, co.ret_lists);
+  for (const at::Tensor& m : metas) {
+    co.undefined.push_back(!m.defined());
+    co.types.push_back(m.defined() ? Type{to_dtype(m.scalar_type()), m.sizes().vec()}
+                                   : Type{DType::F32, {}});
+  }
+  return co;
+}
+
+std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
+                                   const torch::jit::Stack& args, size_t first, const SlotOf& slot_of,
+                                   const CallOutputs& outs, int64_t* rng_numel) {
+  CallCtx ctx(p, node, info, args, first, slot_of, outs);
+  std::vector<Value> vals = (*info.rule)(ctx);
+  TORCH_CHECK(vals.size() == outs.types.size(), "[tpu] lowering of ", info.name, " returned ",
+              vals.size(), " values for ", outs.types.size(), " outputs");
+  std::vector<Value> fresh(vals.size());
+  size_t k = 0;
+  for (size_t r = 0; r < outs.ret_lists.size(); ++r) {
+    int cnt = outs.ret_lists[r] < 0 ? 1 : outs.ret_lists[r];
+    int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
+    for (int j = 0; j < cnt; ++j, ++k) {
+      if (alias >= 0)
+        ctx.write(args[first + alias].toTensor(), vals[k]);
+      else if (!outs.undefined[k])
+        fresh[k] = lower::coerce(p.b, vals[k], outs.types[k]);
+    }
+  }
+  *rng_numel = ctx.rng_numel();
+  return fresh;
+}
+
+void key_call(std::string& key, const OpInfo& info, const torch::jit::Stack& args, size_t first,
+              size_t n, std::vector<DeviceStorage*>& storages) {
   put(key, &info);
   for (size_t i = 0; i < n; ++i)
-    key_ivalue(key, (*stack)[first + i], info.scalar_arg[i] != 0, slots);
-  check_same_device(info.name, slots);
+    key_ivalue(key, args[first + i], info.scalar_arg[i] != 0, storages);
+  check_same_device(info.name, storages);
+}
+
+int64_t storage_elems(const DeviceStorage& st, DType dtype) {
+  size_t is = itemsize(dtype);
+  TORCH_CHECK(st.nbytes % is == 0, "[tpu] storage of ", st.nbytes,
+              " bytes cannot hold whole elements of size ", is);
+  return static_cast<int64_t>(st.nbytes / is);
+}
+
+// Scalars are uploaded per call; small values repeat, so keep their buffers.
+pjrt::BufferPtr scalar_buffer(const c10::IValue& v, DType dtype, int device) {
+  static std::mutex mu;
+  static auto& memo = *new std::unordered_map<std::string, pjrt::BufferPtr>();
+  alignas(8) unsigned char bytes[8] = {0};
+  if (dtype == DType::F64) {
+    double d = v.toScalar().toDouble();
+    std::memcpy(bytes, &d, 8);
+  } else if (dtype == DType::Bool) {
+    bytes[0] = v.toScalar().toBool() ? 1 : 0;
+  } else {
+    int64_t i = v.toScalar().toLong();
+    std::memcpy(bytes, &i, 8);
+  }
+  std::string key(reinterpret_cast<char*>(bytes), 8);
+  key.push_back(static_cast<char>(dtype));
+  key.push_back(static_cast<char>(device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = memo.find(key);
+  if (it != memo.end()) return it->second;
+  auto buf = client().buffer_from_host(bytes, dtype, {}, device);
+  metrics().bytes_to_device += static_cast<int64_t>(itemsize(dtype));
+  if (memo.size() > 4096) memo.clear();
+  memo.emplace(std::move(key), buf);
+  return buf;
+}
+
+pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device) {
+  at::Tensor t =
+      sub < 0 ? v.toTensor()
+              : (v.isTensorList() ? v.toTensorList().get(sub) : v.toList().get(sub).toTensor());
+  t = t.contiguous();
+  metrics().bytes_to_device += static_cast<int64_t>(t.nbytes());
+  return client().buffer_from_host(t.data_ptr(), to_dtype(t.scalar_type()), t.sizes(), device);
+}
+
+std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_t first, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (args[first + i].isGenerator()) return args[first + i].toGenerator();
+  return std::nullopt;
+}
+
+bool resize_outs(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& args,
+                 size_t first, size_t n) {
+  std::vector<int> lists;
+  std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, lists);
+  bool resized = false;
+  for (size_t r = 0; r < info.ret_alias_arg.size() && r < metas.size(); ++r) {
+    int a = info.ret_alias_arg[r];
+    if (a < 0 || lists[r] >= 0) continue;
+    const at::Tensor& out = args[first + a].toTensor();
+    if (out.sizes() != metas[r].sizes()) {
+      out.resize_(metas[r].sizes());
+      resized = true;
+    }
+  }
+  return resized;
+}
+
+void push_returns(const OpInfo& info, const std::vector<int>& ret_lists,
+                  std::vector<at::Tensor>& fresh, torch::jit::Stack& stack, size_t first) {
+  torch::jit::Stack args(stack.begin() + first, stack.end());
+  stack.erase(stack.begin() + first, stack.end());
+  size_t f = 0;
+  for (size_t r = 0; r < ret_lists.size(); ++r) {
+    int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
+    if (alias >= 0) {
+      stack.push_back(args[alias]);
+    } else if (ret_lists[r] < 0) {
+      stack.push_back(std::move(fresh[f++]));
+    } else {
+      c10::List<at::Tensor> l;
+      for (int j = 0; j < ret_lists[r]; ++j) l.push_back(std::move(fresh[f++]));
+      stack.push_back(l);
+    }
+  }
+}
+
+void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
+  if (mode() == Mode::Fused) return fused_record(op, info, stack);
+  const size_t n = op.schema().arguments().size();
+  const size_t first = stack->size() - n;
+  std::vector<DeviceStorage*> storages;
+  std::string key;
+  key.reserve(256);
+  key_call(key, info, *stack, first, n, storages);
+  // Another thread's fused graph may hold newer values of these storages.
+  for (DeviceStorage* st : storages) fused_sync(*st, "strict_op");
   if (mode() == Mode::Debug) debug_index_checks(info, *stack, first);
 
   std::shared_ptr<Entry> entry;
@@ -628,12 +652,12 @@ void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
   } else {
     // out= tensors of the wrong size are resized first (then the key changes).
     if (info.is_out && resize_outs(op, info, *stack, first, n)) return run_lowered(op, info, stack);
-    entry = compile_call(op, info, *stack, first, n, slots);
+    entry = compile_call(op, info, *stack, first, n, storages);
     std::lock_guard<std::mutex> lock(cache_mu);
     cache().emplace(key, entry);
   }
-  const int device = call_device(slots);
-  std::vector<pjrt::BufferPtr> owned = gather_inputs(*entry, *stack, first, n, slots, device);
+  const int device = call_device(storages);
+  std::vector<pjrt::BufferPtr> owned = gather_inputs(*entry, *stack, first, n, storages, device);
   std::vector<pjrt::Buffer*> raw(owned.size());
   for (size_t i = 0; i < owned.size(); ++i) raw[i] = owned[i].get();
   std::vector<pjrt::BufferPtr> outs = entry->exe->execute(raw, device);
@@ -643,7 +667,7 @@ void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
   else if (!outs.empty())
     track_inflight(outs.back());
 
-  push_results(*entry, info, outs, slots, device, *stack, first);
+  push_results(*entry, info, outs, storages, device, *stack, first);
 }
 
 std::string describe(const std::string& op, const torch::jit::Stack& args, size_t first, size_t n) {

@@ -19,6 +19,7 @@ struct OpInfo {
   bool is_out = false;                // has out= arguments
   std::vector<uint8_t> scalar_arg;    // per argument: 1 = Scalar (a runtime input)
   std::vector<int> ret_alias_arg;     // per return: index of the argument it writes, or -1
+  std::vector<int> mutated_args;      // arguments the op writes (Tensor(a!))
 };
 const OpInfo& op_info(const c10::OperatorHandle& op);
 
@@ -30,7 +31,7 @@ at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarT
                        int device);
 // The tensor's values as a dense row-major buffer of its dtype (runs a
 // program when the tensor is a strided view).
-pjrt::BufferPtr dense_buffer(const at::Tensor& t);
+pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why = "read");
 // dst (any view, any dtype) := src (tpu tensor broadcastable to dst).
 void device_copy(const at::Tensor& src, const at::Tensor& dst);
 // dst (any view) := contiguous CPU tensor of dst's sizes and dtype.

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "aten/executor.h"
+#include "aten/fused.h"
 #include "hlo/builder.h"
 #include "lower/types.h"
 
@@ -114,19 +115,38 @@ at::Tensor& set_empty(at::Tensor& self) {
   return set_storage(self, s, 0, {0}, {1});
 }
 
+// Fused Eager: a copy between device tensors is one more recorded call.
+void record_copy(const at::Tensor& src, const at::Tensor& dst) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  torch::jit::Stack s{dst, src, false};
+  run_lowered(op, op_info(op), &s);
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return dst;
   if (dst.device().is_privateuseone()) at::assert_no_internal_overlap(dst);
+  const bool fused = mode() == Mode::Fused;
   if (self.device().is_privateuseone() && dst.device().is_privateuseone()) {
-    device_copy(self, dst);
+    if (fused && self.device() == dst.device())
+      record_copy(self, dst);
+    else
+      device_copy(self, dst);
   } else if (dst.device().is_privateuseone()) {
     // Host -> device: convert/broadcast on the host, then one upload.
     at::Tensor src = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
-    host_to_device(src, dst);
+    if (fused && fused_holds(device_storage(dst.storage()))) {
+      // The graph uses dst: upload to a fresh tensor and record the write.
+      at::Tensor tmp = at::empty(dst.sizes(), dst.options());
+      host_to_device(src, tmp);
+      record_copy(tmp, dst);
+    } else {
+      host_to_device(src, dst);
+    }
   } else {
     // Device -> host: a real sync point.
     metrics().host_syncs++;
-    auto buf = dense_buffer(self);
+    auto buf = dense_buffer(self, "to_cpu");
     at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
     buf->to_host(host.data_ptr(), host.nbytes());
     metrics().bytes_to_host += static_cast<int64_t>(host.nbytes());
@@ -144,6 +164,7 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "[tpu] a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
   at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
+  SyncReason why("item");
   copy_from(self, host, false);
   return host.item();
 }
@@ -196,9 +217,12 @@ const lower::Rule* functional_rule(const c10::FunctionSchema& s) {
 std::unique_ptr<OpInfo> make_info(const c10::FunctionSchema& s) {
   auto info = std::make_unique<OpInfo>();
   info->name = op_name(s);
-  for (const auto& a : s.arguments()) {
+  for (size_t i = 0; i < s.arguments().size(); ++i) {
+    const auto& a = s.arguments()[i];
     info->scalar_arg.push_back(is_scalar_type(a.type()) ? 1 : 0);
     info->is_out |= a.is_out();
+    if (a.alias_info() && a.alias_info()->isWrite())
+      info->mutated_args.push_back(static_cast<int>(i));
   }
   for (const auto& r : s.returns()) {
     int alias = -1;
@@ -251,6 +275,7 @@ void cpu_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
                  "(TORCHTPU_CPU_FALLBACK=1). This copies its inputs to the host and back.");
   }
   metrics().fallbacks++;
+  SyncReason why("cpu_fallback");
   at::native::cpu_fallback(op, stack);
 }
 

@@ -1,5 +1,7 @@
 #include "aten/runtime.h"
 
+#include "aten/fused.h"
+
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
@@ -68,13 +70,15 @@ pjrt::ClientPtr make_client() {
 thread_local int tls_device = 0;
 thread_local int tls_mode = -1;
 
+bool env_true(const char* n) {
+  const char* v = std::getenv(n);
+  return v && std::string(v) != "0" && std::string(v) != "";
+}
+
 Mode initial_mode() {
-  auto env_true = [](const char* n) {
-    const char* v = std::getenv(n);
-    return v && std::string(v) != "0" && std::string(v) != "";
-  };
   const char* m = std::getenv("TORCHTPU_EAGER");
   if ((m && std::string(m) == "debug") || env_true("TPU_LAUNCH_BLOCKING")) return Mode::Debug;
+  if ((m && std::string(m) == "fused") || env_true("TORCH_TPU_DEFER_AND_FUSE")) return Mode::Fused;
   return Mode::Strict;
 }
 std::atomic<int> global_mode_value{static_cast<int>(initial_mode())};
@@ -119,8 +123,26 @@ void set_current_device(int index) {
 
 Mode mode() { return static_cast<Mode>(tls_mode >= 0 ? tls_mode : global_mode_value.load()); }
 Mode global_mode() { return static_cast<Mode>(global_mode_value.load()); }
-void set_mode(Mode m) { global_mode_value = static_cast<int>(m); }
-void set_thread_mode(int m) { tls_mode = m; }
+// Leaving Fused Eager runs what was recorded, so the new mode sees real values.
+void set_mode(Mode m) {
+  Mode before = mode();
+  global_mode_value = static_cast<int>(m);
+  if (before == Mode::Fused && mode() != Mode::Fused) fused_flush("mode_switch");
+}
+void set_thread_mode(int m) {
+  Mode before = mode();
+  tls_mode = m;
+  if (before == Mode::Fused && mode() != Mode::Fused) fused_flush("mode_switch");
+}
+
+const char* mode_name(Mode m) {
+  return m == Mode::Debug ? "debug" : m == Mode::Fused ? "fused" : "strict";
+}
+Mode parse_mode(const std::string& s) {
+  for (Mode m : {Mode::Strict, Mode::Debug, Mode::Fused})
+    if (s == mode_name(m)) return m;
+  TORCH_CHECK(false, "[tpu] unknown eager mode '", s, "'; expected 'strict', 'debug' or 'fused'");
+}
 
 static bool env_flag(const char* name) {
   const char* v = std::getenv(name);
@@ -138,8 +160,10 @@ Metrics& metrics() {
 
 namespace {
 std::mutex inflight_mu;
-std::deque<pjrt::BufferPtr>& inflight_queue() {
-  static auto* q = new std::deque<pjrt::BufferPtr>();
+// Weak: a queued buffer must not count as a holder (it would veto donation);
+// a buffer freed before it is awaited no longer bounds anything.
+std::deque<std::weak_ptr<pjrt::Buffer>>& inflight_queue() {
+  static auto* q = new std::deque<std::weak_ptr<pjrt::Buffer>>();
   return *q;
 }
 size_t max_inflight() {
@@ -152,7 +176,7 @@ size_t max_inflight() {
 }  // namespace
 
 void track_inflight(const pjrt::BufferPtr& out) {
-  pjrt::BufferPtr oldest;
+  std::weak_ptr<pjrt::Buffer> oldest;
   {
     std::lock_guard<std::mutex> lock(inflight_mu);
     auto& inflight = inflight_queue();
@@ -163,18 +187,20 @@ void track_inflight(const pjrt::BufferPtr& out) {
   }
   // Errors surface where the value is read; the queue only bounds progress.
   try {
-    oldest->await_ready();
+    if (auto b = oldest.lock()) b->await_ready();
   } catch (...) {
   }
 }
 
 void synchronize() {
-  std::deque<pjrt::BufferPtr> pending;
+  fused_flush("synchronize");
+  std::deque<std::weak_ptr<pjrt::Buffer>> pending;
   {
     std::lock_guard<std::mutex> lock(inflight_mu);
     pending.swap(inflight_queue());
   }
-  for (auto& b : pending) b->await_ready();
+  for (auto& w : pending)
+    if (auto b = w.lock()) b->await_ready();
 }
 
 // --- storage and allocator
@@ -195,6 +221,7 @@ namespace {
 
 void delete_storage(void* ctx) {
   auto* s = static_cast<DeviceStorage*>(ctx);
+  fused_storage_freed(s);
   metrics().bytes_in_use -= static_cast<int64_t>(s->nbytes);
   delete s;
 }

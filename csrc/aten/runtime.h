@@ -30,7 +30,12 @@ struct DeviceStorage {
   int device = 0;
   size_t nbytes = 0;
   pjrt::BufferPtr buffer;   // rank-1; null until first written (reads as zeros)
-  DType dtype = DType::U8;  // element type of `buffer`
+  DType dtype = DType::U8;  // element type of `buffer` (or of the pending value)
+  // Fused Eager: the recorded graph holds a newer value, not computed yet.
+  bool pending = false;
+  // Set when the graph that should have produced the value failed.
+  std::shared_ptr<const std::string> error;
+  bool has_value() const { return buffer || pending; }
 };
 
 DeviceStorage& device_storage(const c10::Storage& storage);
@@ -42,8 +47,11 @@ int64_t memory_limit();
 // keeping the leading old contents (untyped_storage().resize_()).
 void resize_storage(const c10::Storage& storage, size_t nbytes);
 
-// Eager modes: strict (async, default), debug (waits on every op, checks).
-enum class Mode { Strict, Debug };
+// Eager modes: strict (async, default), debug (waits on every op, checks),
+// fused (records ops into a graph, runs it at cut points).
+enum class Mode { Strict, Debug, Fused };
+const char* mode_name(Mode m);
+Mode parse_mode(const std::string& name);  // c10::Error on an unknown name
 Mode mode();  // this thread's (context manager) or the global one
 Mode global_mode();
 void set_mode(Mode m);        // global
@@ -60,6 +68,8 @@ struct Metrics {
   std::atomic<int64_t> ops{0}, compiles{0}, cache_hits{0}, fallbacks{0}, host_syncs{0};
   std::atomic<int64_t> bytes_to_device{0}, bytes_to_host{0}, executions{0};
   std::atomic<int64_t> compile_ns{0}, bytes_in_use{0}, peak_bytes{0};
+  // Fused Eager: ops recorded, graphs run, graph cache hits, bytes of donated inputs.
+  std::atomic<int64_t> fused_ops{0}, fused_graphs{0}, fused_cache_hits{0}, donated_bytes{0};
 };
 Metrics& metrics();
 

@@ -3,8 +3,11 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
+#include <unordered_map>
 
 #include "aten/executor.h"
+#include "aten/fused.h"
 #include "aten/generator.h"
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
@@ -26,6 +29,13 @@ py::dict metrics_dict() {
   d["bytes_to_device"] = m.bytes_to_device.load();
   d["bytes_to_host"] = m.bytes_to_host.load();
   d["compile_seconds"] = static_cast<double>(m.compile_ns.load()) * 1e-9;
+  d["fused_ops"] = m.fused_ops.load();
+  d["fused_graphs"] = m.fused_graphs.load();
+  d["fused_cache_hits"] = m.fused_cache_hits.load();
+  d["donated_bytes"] = m.donated_bytes.load();
+  py::dict cuts;
+  for (auto& [reason, count] : fused_cut_report()) cuts[py::str(reason)] = count;
+  d["fused_cuts"] = cuts;
   py::dict fb;
   for (auto& [name, count] : fallback_report()) fb[py::str(name)] = count;
   d["fallback_ops"] = fb;
@@ -57,12 +67,44 @@ py::dict cache_stats_dict() {
   return d;
 }
 
+// Where Python called the current op: the innermost frame outside torch's
+// own modules, as "file:line"; interned so recorded ops keep a pointer.
+const std::string* python_location() {
+  if (!Py_IsInitialized()) return nullptr;
+  py::gil_scoped_acquire gil;
+  static std::unordered_map<std::string, std::unique_ptr<std::string>> interned;
+  PyFrameObject* f = PyEval_GetFrame();
+  Py_XINCREF(f);
+  std::string where;
+  while (f) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    std::string file = py::reinterpret_borrow<py::str>(code->co_filename);
+    int line = PyFrame_GetLineNumber(f);
+    Py_DECREF(code);
+    if (where.empty() || file.find("/torch/") == std::string::npos) {
+      where = file + ":" + std::to_string(line);
+      if (file.find("/torch/") == std::string::npos) {
+        Py_DECREF(f);
+        break;
+      }
+    }
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  if (where.empty()) return nullptr;
+  auto& slot = interned[where];
+  if (!slot) slot = std::make_unique<std::string>(where);
+  return slot.get();
+}
+
 at::Generator gen(int device) { return default_generator(device < 0 ? current_device() : device); }
 
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchTPU native core";
+  set_location_hook(&python_location);
   // c10 errors become the matching Python exceptions, without C++ backtraces.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -95,16 +137,21 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("set_mode", [](const std::string& s) {
-    TORCH_CHECK(s == "strict" || s == "debug", "[tpu] unknown eager mode '", s,
-                "'; expected 'strict' or 'debug'");
-    set_mode(s == "debug" ? Mode::Debug : Mode::Strict);
+    Mode m = parse_mode(s);
+    py::gil_scoped_release release;  // leaving fused mode runs the graph
+    set_mode(m);
   });
   m.def("set_thread_mode", [](const std::string& s) {
-    TORCH_CHECK(s == "strict" || s == "debug" || s == "", "[tpu] unknown eager mode '", s, "'");
-    set_thread_mode(s.empty() ? -1 : static_cast<int>(s == "debug" ? Mode::Debug : Mode::Strict));
+    int m = s.empty() ? -1 : static_cast<int>(parse_mode(s));
+    py::gil_scoped_release release;
+    set_thread_mode(m);
   });
-  m.def("get_global_mode", [] { return global_mode() == Mode::Debug ? "debug" : "strict"; });
-  m.def("get_mode", [] { return mode() == Mode::Debug ? "debug" : "strict"; });
+  m.def("get_global_mode", [] { return mode_name(global_mode()); });
+  m.def("get_mode", [] { return mode_name(mode()); });
+  m.def("flush", [] {
+    py::gil_scoped_release release;
+    fused_flush("user");
+  }, "Fused Eager: runs the ops recorded so far.");
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,
         "Compile cache counters of this process (requests, memory/disk/shared hits, misses =\n"
@@ -120,7 +167,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_metrics", [] {
     auto& x = metrics();
     for (auto* c : {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs,
-                    &x.bytes_to_device, &x.bytes_to_host, &x.executions, &x.compile_ns})
+                    &x.bytes_to_device, &x.bytes_to_host, &x.executions, &x.compile_ns,
+                    &x.fused_ops, &x.fused_graphs, &x.fused_cache_hits, &x.donated_bytes})
       *c = 0;
   });
   m.def("memory_limit", [] { return memory_limit(); });

@@ -36,6 +36,9 @@ V sort_with_indices(Builder& b, Value x, int64_t dim, bool descending) {
 }
 
 TPU_LOWERING(shape_ops) {
+  // copy(self, src): src converted and broadcast to self's dtype and shape
+  // (Fused Eager records tensor.copy_ between device tensors as copy_).
+  reg("copy", [](Ctx& c) -> V { return {coerce(c.b, c.in(1), c.out(0))}; });
   // (tensors, dim)
   reg("cat", [](Ctx& c) -> V {
     const Type& o = c.out(0);

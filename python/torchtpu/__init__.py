@@ -17,7 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import torch
 
 from . import _C  # noqa: F401  (loads the native core: registers the kernels)
-from ._C import cache_stats
+from ._C import cache_stats, flush
 from ._metrics import metrics, metrics_report, reset_metrics
 from ._modes import eager_mode, get_eager_mode
 
@@ -25,6 +25,7 @@ __all__ = [
     "cache_stats",
     "device",
     "eager_mode",
+    "flush",
     "get_eager_mode",
     "metrics",
     "metrics_report",

@@ -7,17 +7,17 @@ from typing import Self
 
 from . import _C
 
-_MODES = ("strict", "debug")
+_MODES = ("strict", "debug", "fused")
 _local = threading.local()
 
 
 def get_eager_mode() -> str:
-    """The mode ops run in on this thread: 'strict' (default) or 'debug'."""
+    """The mode ops run in on this thread: 'strict' (default), 'debug' or 'fused'."""
     return _C.get_mode()
 
 
 class eager_mode:
-    """``torchtpu.eager_mode("debug")`` sets the mode globally; used as a context
+    """``torchtpu.eager_mode("fused")`` sets the mode globally; used as a context
     manager it sets it for this thread only, restoring the previous one on exit
     (the innermost context wins)."""
 

@@ -107,7 +107,7 @@ def _clean_state():
     torchtpu.eager_mode("strict")
 
 
-@pytest.fixture(params=["strict", "debug"])
+@pytest.fixture(params=["strict", "debug", "fused"])
 def eager(request):
     """Runs the test body inside ``torchtpu.eager_mode(<mode>)``."""
     with torchtpu.eager_mode(request.param):

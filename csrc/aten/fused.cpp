@@ -1,0 +1,606 @@
+// Fused Eager: a per-process graph of recorded op calls, run as one program.
+//
+// Recording computes output metadata (PyTorch's meta kernel, cached per op
+// signature) and creates output tensors whose storages are "pending". The
+// graph's cache key grows with every call (the call's structural key plus the
+// graph-wide numbers of its storages), so a graph seen before is found without
+// building StableHLO. Storages are numbered by first use; their buffers at
+// first use are captured as inputs. At a cut the live pending storages become
+// the program's outputs, and inputs that only those storages hold are donated.
+#include "aten/fused.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/executor.h"
+#include "aten/generator.h"
+#include "aten/program.h"
+#include "lower/types.h"
+
+namespace torchtpu::aten {
+
+using hlo::Type;
+using hlo::Value;
+using lower::to_dtype;
+
+namespace {
+
+template <typename T>
+void put(std::string& k, const T& v) {
+  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
+
+bool debug_fusion() {
+  static bool on = env_flag("TORCHTPU_DEBUG_FUSION");
+  return on;
+}
+
+size_t max_ops() {
+  static size_t n = [] {
+    const char* v = std::getenv("TORCHTPU_FUSED_MAX_OPS");
+    return v ? std::max<size_t>(1, std::atoll(v)) : size_t{8192};
+  }();
+  return n;
+}
+
+// How a recorded call's tensor argument is kept without keeping its storage alive.
+struct TensorDesc {
+  enum Kind : uint8_t { Undefined, Host, Device } kind;
+  int slot = -1;
+  c10::ScalarType dtype = c10::kFloat;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+};
+
+// Per op signature: outputs and random-number use, known without lowering.
+struct Template {
+  CallOutputs outs;
+  int64_t rng_numel = -1;
+};
+
+struct Node {
+  c10::OperatorHandle op;
+  const OpInfo* info;
+  torch::jit::Stack args;          // device tensors replaced by undefined placeholders
+  std::vector<TensorDesc> descs;   // every tensor position, in traversal order
+  std::shared_ptr<const Template> tmpl;
+  std::vector<int> out_slots;      // per output: graph slot of a fresh tensor, or -1
+  std::vector<std::tuple<int, int, pjrt::BufferPtr>> host;  // (argument, element, upload)
+  uint64_t rng[2] = {0, 0};
+  const std::string* where = nullptr;
+};
+
+struct GraphSlot {
+  DeviceStorage* st;  // null once the storage died
+  pjrt::BufferPtr captured;
+  SlotState state;
+  bool written = false;
+};
+
+struct FusedEntry {
+  pjrt::ExecutablePtr exe;
+  std::vector<InputSource> inputs;
+  std::vector<int> out_slots;
+};
+
+// Loop detection: a period of the op stream and the call pair that starts an
+// iteration; once known, the graph is cut before that pair's second call.
+struct Loop {
+  bool active = false;
+  size_t period = 0;
+  uint64_t prev = 0, first = 0;
+  size_t since = 0;  // graph size when found (0 after each cut)
+};
+
+struct Graph {
+  std::recursive_mutex mu;
+  std::vector<Node> nodes;
+  std::vector<GraphSlot> slots;
+  std::unordered_map<const DeviceStorage*, int> slot_of;
+  std::string key;
+  int device = 0;
+  std::vector<uint64_t> hist;  // per node: hash of its call key
+  std::vector<int64_t> live_at;  // per node: live pending storages before it
+  int64_t live_pending = 0;
+  Loop loop;
+  std::unordered_map<std::string, std::shared_ptr<const Template>> templates;
+  std::unordered_map<std::string, std::shared_ptr<FusedEntry>> programs;
+  std::map<std::string, int64_t> cuts;
+};
+
+// Leaked: storages may die after static destructors run.
+Graph& graph() {
+  static auto* g = new Graph();
+  return *g;
+}
+std::atomic<bool> g_nonempty{false};
+const std::string* (*g_location)() = nullptr;
+thread_local const char* t_reason = nullptr;
+
+bool is_tensor_list(const c10::IValue& v) {
+  if (!v.isList()) return false;
+  auto t = v.toList().elementType();
+  if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+  return t->kind() == c10::TypeKind::TensorType;
+}
+
+int slot_for(Graph& g, DeviceStorage* st) {
+  auto it = g.slot_of.find(st);
+  if (it != g.slot_of.end()) return it->second;
+  if (st->error) TORCH_CHECK(false, *st->error);
+  TORCH_INTERNAL_ASSERT(!st->pending, "[tpu] pending storage outside the fused graph");
+  g.slots.push_back({st, st->buffer, SlotState{st->has_value(), st->dtype, st->nbytes}});
+  int s = static_cast<int>(g.slots.size()) - 1;
+  g.slot_of.emplace(st, s);
+  return s;
+}
+
+// Copies one argument for the node, replacing device tensors by placeholders
+// described in `descs`; host tensors are uploaded now (the caller may reuse them).
+c10::IValue strip(Graph& g, Node& node, int arg, const c10::IValue& v) {
+  auto one = [&](const at::Tensor& t, int sub) -> at::Tensor {
+    TensorDesc d;
+    if (!t.defined()) {
+      d.kind = TensorDesc::Undefined;
+      node.descs.push_back(std::move(d));
+      return t;
+    }
+    if (!t.device().is_privateuseone()) {
+      d.kind = TensorDesc::Host;
+      node.descs.push_back(std::move(d));
+      node.host.emplace_back(arg, sub, host_input(t, -1, g.device));
+      return t;
+    }
+    d.kind = TensorDesc::Device;
+    d.slot = slot_for(g, &device_storage(t.storage()));
+    d.dtype = t.scalar_type();
+    d.sizes = t.sizes().vec();
+    d.strides = t.strides().vec();
+    d.offset = t.storage_offset();
+    node.descs.push_back(std::move(d));
+    return at::Tensor();
+  };
+  if (v.isTensor()) return one(v.toTensor(), -1);
+  if (v.isTensorList()) {
+    auto src = v.toTensorList();
+    c10::List<at::Tensor> l;
+    for (size_t j = 0; j < src.size(); ++j) l.push_back(one(src[j], static_cast<int>(j)));
+    return l;
+  }
+  if (is_tensor_list(v)) {
+    auto src = v.toList();
+    c10::impl::GenericList l(src.elementType());
+    for (size_t j = 0; j < src.size(); ++j) {
+      c10::IValue e = src.get(j);
+      l.push_back(e.isTensor() ? c10::IValue(one(e.toTensor(), static_cast<int>(j))) : e);
+    }
+    return l;
+  }
+  return v;
+}
+
+// The inverse of strip for lowering: placeholders become meta tensors with
+// the recorded geometry, mapped to their graph slots.
+c10::IValue rebuild(const Node& node, const c10::IValue& v, size_t& pos,
+                    std::unordered_map<const c10::TensorImpl*, int>& slots) {
+  auto one = [&](const at::Tensor& t) -> at::Tensor {
+    const TensorDesc& d = node.descs.at(pos++);
+    if (d.kind != TensorDesc::Device) return t;
+    // A meta base large enough for the view (as_strided checks bounds).
+    int64_t extent = d.offset + 1;
+    bool empty = std::find(d.sizes.begin(), d.sizes.end(), 0) != d.sizes.end();
+    for (size_t i = 0; i < d.sizes.size() && !empty; ++i) extent += (d.sizes[i] - 1) * d.strides[i];
+    at::Tensor m = at::empty({extent}, c10::TensorOptions().dtype(d.dtype).device(c10::kMeta))
+                       .as_strided(d.sizes, d.strides, d.offset);
+    slots[m.unsafeGetTensorImpl()] = d.slot;
+    return m;
+  };
+  if (v.isTensor()) return one(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(one(t));
+    return l;
+  }
+  if (is_tensor_list(v)) {
+    auto src = v.toList();
+    c10::impl::GenericList l(src.elementType());
+    for (const c10::IValue& e : src) l.push_back(e.isTensor() ? c10::IValue(one(e.toTensor())) : e);
+    return l;
+  }
+  return v;
+}
+
+// Storage dtype after a write through view `t` (what Program::write produces).
+DType written_dtype(const at::Tensor& t, const DeviceStorage& st) {
+  DType d = to_dtype(t.scalar_type());
+  auto g = view_geom(t);
+  bool whole = g.contiguous() && g.offset == 0 &&
+               static_cast<size_t>(g.numel()) * itemsize(d) == st.nbytes;
+  return whole || !st.has_value() ? d : st.dtype;
+}
+
+void mark_written(Graph& g, const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_privateuseone()) return;
+  DeviceStorage* st = &device_storage(t.storage());
+  GraphSlot& s = g.slots[slot_for(g, st)];
+  st->dtype = written_dtype(t, *st);
+  s.written = true;
+  if (!st->pending) {
+    st->pending = true;
+    g.live_pending++;
+  }
+}
+
+std::shared_ptr<const Template> make_template(const c10::OperatorHandle& op, const OpInfo& info,
+                                              const torch::jit::Stack& args, size_t first,
+                                              size_t n, std::vector<DeviceStorage*> storages) {
+  auto t = std::make_shared<Template>();
+  t->outs = call_outputs(op, args, first, n);
+  // Lowering once now reports rule errors at the call and finds the random
+  // stream's size; the program itself is built at the cut.
+  Program p;
+  for (DeviceStorage* st : storages) p.add_slot({st->has_value(), st->dtype, st->nbytes});
+  SlotOf slot_of = [&](const at::Tensor& x) -> int {
+    if (!x.device().is_privateuseone()) return -1;
+    auto* st = &device_storage(x.storage());
+    return static_cast<int>(std::find(storages.begin(), storages.end(), st) - storages.begin());
+  };
+  lower_call(p, 0, info, args, first, slot_of, t->outs, &t->rng_numel);
+  return t;
+}
+
+// Z-function of the reversed history: the shortest period p such that the
+// last half of the graph repeats with period p, and the number of live
+// pending values repeats with it (up to a small drift per period: a loop may
+// keep each step's loss). The second test rejects repeated layers inside one
+// step: each layer leaves several more (forward) or fewer (backward) saved
+// values alive.
+size_t find_period(const std::vector<uint64_t>& h, const std::vector<int64_t>& live) {
+  const size_t n = h.size();
+  std::vector<uint64_t> r(h.rbegin(), h.rend());
+  std::vector<size_t> z(n, 0);
+  for (size_t i = 1, l = 0, rr = 0; i < n; ++i) {
+    if (i < rr) z[i] = std::min(rr - i, z[i - l]);
+    while (i + z[i] < n && r[z[i]] == r[i + z[i]]) ++z[i];
+    if (i + z[i] > rr) l = i, rr = i + z[i];
+  }
+  constexpr size_t kMinPeriod = 8;
+  for (size_t p = kMinPeriod; 2 * p <= n; ++p) {
+    if (z[p] < p || z[p] + p < n / 2) continue;
+    const int64_t drift = live[n - 1] - live[n - 1 - p];
+    bool steady = drift >= -2 && drift <= 2;
+    for (size_t i = n - p; i < n && steady; ++i) steady = live[i] - live[i - p] == drift;
+    if (steady) return p;
+  }
+  return 0;
+}
+
+void detect_loop(Graph& g) {
+  size_t p = find_period(g.hist, g.live_at);
+  if (!p) return;
+  const size_t n = g.hist.size();
+  // Cut where the fewest pending values are alive (between iterations), at a
+  // call pair that occurs once per period.
+  size_t best = 0;
+  for (size_t j = n - p + 1; j < n; ++j) {
+    int same = 0;
+    for (size_t i = n - p + 1; i < n; ++i)
+      same += g.hist[i] == g.hist[j] && g.hist[i - 1] == g.hist[j - 1];
+    if (same != 1) continue;
+    if (!best || g.live_at[j] < g.live_at[best]) best = j;
+  }
+  if (!best) return;
+  g.loop = {true, p, g.hist[best - 1], g.hist[best], n};
+  g.cuts["loop_detected"]++;
+  if (debug_fusion())
+    std::fprintf(stderr, "[tpu fused] loop of %zu ops detected after %zu ops; cut before %s\n", p,
+                 n, g.nodes[best].info->name.c_str());
+}
+
+void clear(Graph& g) {
+  for (GraphSlot& s : g.slots)
+    if (s.st) s.st->pending = false;
+  g.nodes.clear();
+  g.slots.clear();
+  g.slot_of.clear();
+  g.key.clear();
+  g.hist.clear();
+  g.live_at.clear();
+  g.live_pending = 0;
+  g.loop.since = 0;
+  g_nonempty = false;
+}
+
+std::string node_name(const Node& n) {
+  std::string s = "aten::" + n.info->name;
+  if (n.where) s += " (recorded at " + *n.where + ")";
+  return s;
+}
+
+std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& outs, size_t& failed_node) {
+  auto e = std::make_shared<FusedEntry>();
+  Program p;
+  for (const GraphSlot& s : g.slots) p.add_slot(s.state);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    failed_node = i;
+    const Node& node = g.nodes[i];
+    std::unordered_map<const c10::TensorImpl*, int> impl_slot;
+    torch::jit::Stack args;
+    size_t pos = 0;
+    for (const c10::IValue& v : node.args) args.push_back(rebuild(node, v, pos, impl_slot));
+    SlotOf slot_of = [&](const at::Tensor& t) {
+      auto it = impl_slot.find(t.unsafeGetTensorImpl());
+      return it == impl_slot.end() ? -1 : it->second;
+    };
+    int64_t rng = -1;
+    std::vector<Value> vals =
+        lower_call(p, static_cast<int>(i), *node.info, args, 0, slot_of, node.tmpl->outs, &rng);
+    for (size_t k = 0; k < vals.size(); ++k)
+      if (node.out_slots[k] >= 0)
+        p.current[node.out_slots[k]] = p.b.reshape(vals[k], {node.tmpl->outs.types[k].numel()});
+  }
+  failed_node = g.nodes.size();
+  std::vector<Value> results;
+  for (int o : outs) {
+    DType d = g.slots[o].st->dtype;
+    results.push_back(p.current[o].valid() ? p.current[o] : p.storage(o, d));
+  }
+  p.b.ret(results);
+  e->inputs = std::move(p.inputs);
+  e->out_slots = outs;
+  e->exe = compile_cached(p.b.module());
+  return e;
+}
+
+void flush_locked(Graph& g, const char* reason) {
+  if (g.nodes.empty()) {
+    clear(g);
+    return;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  g.cuts[reason]++;
+  // Outputs: pending values some tensor can still reach. Their captured
+  // inputs are donated when nothing else holds them.
+  std::vector<int> outs;
+  std::string key = std::move(g.key);
+  key.push_back('|');
+  for (size_t i = 0; i < g.slots.size(); ++i) {
+    GraphSlot& s = g.slots[i];
+    if (!s.st || !s.written) continue;
+    s.state.donate = s.captured && s.captured.use_count() == 2 && s.st->buffer == s.captured;
+    outs.push_back(static_cast<int>(i));
+    put(key, static_cast<int32_t>(i));
+    put(key, s.state.donate);
+  }
+  const size_t n_nodes = g.nodes.size();
+  std::shared_ptr<FusedEntry> entry;
+  bool hit = false;
+  size_t failed = n_nodes;
+  try {
+    auto it = g.programs.find(key);
+    if (it != g.programs.end()) {
+      entry = it->second;
+      hit = true;
+      metrics().fused_cache_hits++;
+    } else {
+      entry = build(g, outs, failed);
+      if (g.programs.size() >= 512) g.programs.clear();
+      g.programs.emplace(std::move(key), entry);
+    }
+    std::vector<pjrt::BufferPtr> owned;
+    owned.reserve(entry->inputs.size());
+    for (const InputSource& in : entry->inputs) {
+      const Node& node = g.nodes[in.node];
+      switch (in.kind) {
+        case InputSource::Storage:
+          owned.push_back(g.slots[in.index].captured);
+          if (g.slots[in.index].state.donate)
+            metrics().donated_bytes += static_cast<int64_t>(owned.back()->nbytes());
+          break;
+        case InputSource::Scalar:
+          owned.push_back(scalar_buffer(node.args[in.index], in.dtype, g.device));
+          break;
+        case InputSource::Host:
+          for (const auto& [a, sub, buf] : node.host)
+            if (a == in.index && sub == in.sub) owned.push_back(buf);
+          break;
+        case InputSource::Rng: {
+          int64_t dims[1] = {2};
+          owned.push_back(client().buffer_from_host(node.rng, DType::U64, dims, g.device));
+          break;
+        }
+      }
+    }
+    std::vector<pjrt::Buffer*> raw(owned.size());
+    for (size_t i = 0; i < owned.size(); ++i) raw[i] = owned[i].get();
+    std::vector<pjrt::BufferPtr> results = entry->exe->execute(raw, g.device);
+    metrics().executions++;
+    metrics().fused_graphs++;
+    for (size_t k = 0; k < results.size(); ++k) {
+      DeviceStorage* st = g.slots[entry->out_slots[k]].st;
+      st->dtype = results[k]->dtype();
+      st->buffer = std::move(results[k]);
+      st->pending = false;
+    }
+    if (!results.empty()) track_inflight(g.slots[entry->out_slots.back()].st->buffer);
+  } catch (const std::exception& ex) {
+    std::string msg = std::string("[tpu] a fused graph of ") + std::to_string(n_nodes) +
+                      " ops (cut by " + reason + ") failed";
+    if (failed < n_nodes) msg += " while lowering " + node_name(g.nodes[failed]);
+    msg += ": ";
+    msg += ex.what();
+    if (!debug_fusion()) msg += " (TORCHTPU_DEBUG_FUSION=1 records the Python line of each op)";
+    auto err = std::make_shared<const std::string>(msg);
+    for (int o : outs) g.slots[o].st->error = err;
+    clear(g);
+    TORCH_CHECK(false, msg);
+  }
+  if (debug_fusion()) {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "[tpu fused] cut=%s ops=%zu inputs=%zu outputs=%zu %s %.3f s\n", reason,
+                 n_nodes, entry->inputs.size(), outs.size(), hit ? "cache-hit" : "compiled", secs);
+  }
+  clear(g);
+}
+
+}  // namespace
+
+SyncReason::SyncReason(const char* why) : prev_(t_reason) { t_reason = why; }
+SyncReason::~SyncReason() { t_reason = prev_; }
+const char* SyncReason::current(const char* fallback) { return t_reason ? t_reason : fallback; }
+
+void set_location_hook(const std::string* (*hook)()) { g_location = hook; }
+
+void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  const size_t first = stack->size() - n;
+  std::vector<DeviceStorage*> storages;
+  std::string key;
+  key.reserve(256);
+  key_call(key, info, *stack, first, n, storages);
+  for (DeviceStorage* st : storages)
+    if (st->error) TORCH_CHECK(false, *st->error);
+
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  const int device = storages.empty() ? current_device() : storages[0]->device;
+  if (!g.nodes.empty() && device != g.device) flush_locked(g, "device_switch");
+
+  std::shared_ptr<const Template> tmpl;
+  if (auto it = g.templates.find(key); it != g.templates.end()) {
+    tmpl = it->second;
+  } else {
+    // out= tensors of the wrong size are resized first (then the key changes).
+    if (info.is_out && resize_outs(op, info, *stack, first, n))
+      return fused_record(op, info, stack);
+    tmpl = make_template(op, info, *stack, first, n, storages);
+    g.templates.emplace(key, tmpl);
+  }
+
+  const uint64_t h = std::hash<std::string>{}(key);
+  if (!g.nodes.empty()) {
+    if (g.loop.active && h == g.loop.first && g.hist.back() == g.loop.prev)
+      flush_locked(g, "loop_boundary");
+    else if (g.nodes.size() >= max_ops())
+      flush_locked(g, "size_cap");
+  }
+  g.device = device;
+
+  Node node{op, &info};
+  node.tmpl = tmpl;
+  g.key += key;
+  for (DeviceStorage* st : storages) put(g.key, static_cast<int32_t>(slot_for(g, st)));
+  node.args.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    node.args.push_back(strip(g, node, static_cast<int>(i), (*stack)[first + i]));
+  if (tmpl->rng_numel >= 0)
+    philox_take(find_generator(*stack, first, n), device, tmpl->rng_numel, node.rng);
+  if (debug_fusion() && g_location) node.where = g_location();
+  g.hist.push_back(h);
+  g.live_at.push_back(g.live_pending);
+
+  // Writes to mutated arguments (in-place, out=, running stats).
+  for (int a : info.mutated_args) {
+    const c10::IValue& v = (*stack)[first + a];
+    if (v.isTensor()) {
+      mark_written(g, v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) mark_written(g, t);
+    }
+  }
+  // Fresh outputs: real tensors whose storages wait for the graph.
+  const CallOutputs& co = tmpl->outs;
+  std::vector<at::Tensor> fresh;
+  node.out_slots.assign(co.types.size(), -1);
+  size_t k = 0;
+  for (size_t r = 0; r < co.ret_lists.size(); ++r) {
+    int cnt = co.ret_lists[r] < 0 ? 1 : co.ret_lists[r];
+    bool alias = r < info.ret_alias_arg.size() && info.ret_alias_arg[r] >= 0;
+    for (int j = 0; j < cnt; ++j, ++k) {
+      if (alias) continue;
+      if (co.undefined[k]) {
+        fresh.emplace_back();
+        continue;
+      }
+      const Type& t = co.types[k];
+      at::Tensor out = at::empty(
+          t.shape, c10::TensorOptions()
+                       .dtype(lower::to_scalar_type(t.dtype))
+                       .device(c10::Device(c10::DeviceType::PrivateUse1,
+                                           static_cast<c10::DeviceIndex>(device))));
+      DeviceStorage* st = &device_storage(out.storage());
+      st->dtype = t.dtype;
+      st->pending = true;
+      g.live_pending++;
+      g.slots.push_back({st, nullptr, SlotState{false, t.dtype, st->nbytes, true}, true});
+      node.out_slots[k] = static_cast<int>(g.slots.size()) - 1;
+      g.slot_of.emplace(st, node.out_slots[k]);
+      fresh.push_back(std::move(out));
+    }
+  }
+  g.nodes.push_back(std::move(node));
+  g_nonempty = true;
+  metrics().fused_ops++;
+
+  // A loop whose boundary stopped coming has ended (or was never one).
+  if (g.loop.active && g.nodes.size() > g.loop.since + 2 * g.loop.period) g.loop.active = false;
+  if (!g.loop.active && g.nodes.size() % 64 == 0) detect_loop(g);
+  push_returns(info, co.ret_lists, fresh, *stack, first);
+}
+
+void fused_flush(const char* reason) {
+  if (!g_nonempty) return;
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  flush_locked(g, reason);
+}
+
+void fused_sync(const DeviceStorage& st, const char* reason, bool write) {
+  if (st.error) TORCH_CHECK(false, *st.error);
+  if (!g_nonempty) return;
+  if (!write && !st.pending) return;
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  if (g.slot_of.count(&st)) flush_locked(g, SyncReason::current(reason));
+  if (st.error) TORCH_CHECK(false, *st.error);
+}
+
+bool fused_holds(const DeviceStorage& st) {
+  if (!g_nonempty) return false;
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  return g.slot_of.count(&st) > 0;
+}
+
+void fused_storage_freed(DeviceStorage* st) {
+  if (!g_nonempty) return;
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  auto it = g.slot_of.find(st);
+  if (it == g.slot_of.end()) return;
+  g.slots[it->second].st = nullptr;
+  if (st->pending) g.live_pending--;
+  g.slot_of.erase(it);
+}
+
+std::vector<std::pair<std::string, int64_t>> fused_cut_report() {
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  return {g.cuts.begin(), g.cuts.end()};
+}
+
+}  // namespace torchtpu::aten

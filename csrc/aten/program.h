@@ -1,0 +1,94 @@
+// Lowering op calls into one program: shared by Strict/Debug Eager (one call
+// per program) and Fused Eager (a recorded graph of calls per program).
+// Internal to csrc/aten.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "aten/executor.h"
+
+namespace torchtpu::aten {
+
+// Where each program input comes from at run time.
+struct InputSource {
+  enum Kind : uint8_t { Storage, Scalar, Host, Rng } kind;
+  int node;   // call within the program (0 for single-call programs)
+  int index;  // storage slot (Storage) or argument index
+  int sub;    // element of a Tensor[] argument, -1 otherwise
+  DType dtype;
+  int64_t n;  // storage elements (Storage)
+};
+
+// A storage as the program first sees it.
+struct SlotState {
+  bool has_value = false;  // false: never written, reads as zeros
+  DType dtype = DType::U8;
+  size_t nbytes = 0;
+  bool produced = false;  // Fused: created by a call of this program
+  bool donate = false;    // Fused: its input buffer may be reused for the output
+};
+
+// A program under construction.
+struct Program {
+  hlo::Builder b;
+  std::vector<SlotState> slots;
+  std::vector<hlo::Value> current;  // per slot: value after the calls lowered so far
+  std::vector<InputSource> inputs;
+  std::vector<int> written;  // slots written, in first-write order
+  std::vector<int> param_of_slot;
+
+  void add_slot(SlotState s) {
+    slots.push_back(s);
+    current.emplace_back();
+    param_of_slot.push_back(-1);
+  }
+  // Current value of a storage slot (a parameter, zeros, or a written value).
+  hlo::Value storage(int slot, DType dtype_if_empty);
+  // Writes `v` through view `t` into slot `slot`'s storage.
+  void write(int slot, const at::Tensor& t, hlo::Value v, const std::string& op);
+};
+
+// The storage slot of a tensor argument, or -1 for a host tensor.
+using SlotOf = std::function<int(const at::Tensor&)>;
+
+// Output metadata of one call (from PyTorch's meta kernel).
+struct CallOutputs {
+  std::vector<hlo::Type> types;
+  std::vector<bool> undefined;  // outputs the op leaves undefined (masked-off grads)
+  std::vector<int> ret_lists;   // per return: -1 single tensor, n = Tensor[] of n
+};
+CallOutputs call_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args, size_t first,
+                         size_t n);
+
+// Lowers one call into `p` (node `node`): writes to aliased and mutated
+// arguments go to their slots; returns the fresh outputs coerced to their
+// types (invalid Values for undefined ones and aliased returns). Sets
+// *rng_numel when the call draws random numbers.
+std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
+                                   const torch::jit::Stack& args, size_t first, const SlotOf& slot_of,
+                                   const CallOutputs& outs, int64_t* rng_numel);
+
+// Structural cache key of a call: op, attributes, tensor metadata; storages
+// numbered by first use (appended to `storages`). Scalars are keyed by kind.
+void key_call(std::string& key, const OpInfo& info, const torch::jit::Stack& args, size_t first,
+              size_t n, std::vector<DeviceStorage*>& storages);
+int64_t storage_elems(const DeviceStorage& st, DType dtype);
+// A Scalar argument's buffer (memoized per value).
+pjrt::BufferPtr scalar_buffer(const c10::IValue& v, DType dtype, int device);
+// The call's explicit generator argument, if any.
+std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_t first, size_t n);
+// Uploads a host tensor argument (sub >= 0: element of a list).
+pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device);
+// Resizes out= arguments to the meta kernel's sizes; true when any changed.
+bool resize_outs(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& args,
+                 size_t first, size_t n);
+// The op's returns on the stack: aliased arguments or fresh tensors.
+void push_returns(const OpInfo& info, const std::vector<int>& ret_lists,
+                  std::vector<at::Tensor>& fresh, torch::jit::Stack& stack, size_t first);
+
+}  // namespace torchtpu::aten
