@@ -38,12 +38,13 @@ def add_chain(device: str, n: int) -> tuple[float, float]:
     return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
 
 
-def step_time(model_fn, batches, device: str, steps: int, warmup: int = 3) -> float:
-    """Median seconds per AdamW training step (forward, backward, clip, step, loss.item())."""
+def step_time(model_fn, batches, device: str, steps: int, warmup: int = 3) -> tuple[float, float]:
+    """Median seconds per AdamW training step (forward, backward, clip, step, loss.item())
+    and median host seconds per step (the same, before the loss.item() sync)."""
     torch.manual_seed(0)
     model = model_fn().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    times = []
+    times, host = [], []
     for i in range(warmup + steps):
         x, y = (t.to(device) for t in batches[i % len(batches)])
         t0 = time.perf_counter()
@@ -56,11 +57,14 @@ def step_time(model_fn, batches, device: str, steps: int, warmup: int = 3) -> fl
         out.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        t1 = time.perf_counter()
         out.item()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+            host.append(t1 - t0)
     times.sort()
-    return times[len(times) // 2]
+    host.sort()
+    return times[len(times) // 2], host[len(host) // 2]
 
 
 # One process of the cold/warm compile cache benchmark: GPT training steps as in
@@ -158,10 +162,18 @@ def main() -> None:
         for _ in range(4)
     ]
     gpt_batches = [copy_task_batch(gen, 8, 32, 64) for _ in range(4)]
+    steps = []
     for name, fn, batches in (("MLP", MLP, mlp_batches), ("GPT", GPT, gpt_batches)):
-        c = step_time(fn, batches, "cpu", args.steps) * 1e3
-        t = step_time(fn, batches, "tpu", args.steps) * 1e3
-        rows.append((f"{name} train step ms", c, t))
+        c, _ = step_time(fn, batches, "cpu", args.steps)
+        s, s_host = step_time(fn, batches, "tpu", args.steps)
+        before = torchtpu.metrics()
+        with torchtpu.eager_mode("fused"):
+            f, f_host = step_time(fn, batches, "tpu", args.steps)
+        after = torchtpu.metrics()
+        graphs = after["fused_graphs"] - before["fused_graphs"]
+        per_graph = (after["fused_ops"] - before["fused_ops"]) / max(graphs, 1)
+        rows.append((f"{name} train step ms (Strict)", c * 1e3, s * 1e3))
+        steps.append((name, c, s, f, s_host, f_host, per_graph))
 
     m = torchtpu.metrics()
     print(
@@ -173,8 +185,21 @@ def main() -> None:
     for name, c, t in rows:
         print(f"| {name} | {c:.1f} | {t:.1f} | {t / c:.2f}x |")
     print(
+        "\n| training step (AdamW) | torch CPU eager ms | Strict ms | Fused ms "
+        "| Fused speedup over Strict | Fused / CPU | host ms/step Strict | host ms/step Fused "
+        "| ops per fused graph |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, c, s, f, sh, fh, per in steps:
+        print(
+            f"| {name} | {c * 1e3:.2f} | {s * 1e3:.2f} | {f * 1e3:.2f} | {s / f:.2f}x "
+            f"| {f / c:.2f}x | {sh * 1e3:.2f} | {fh * 1e3:.2f} | {per:.0f} |"
+        )
+    print(
         f"\ncompiles: {m['compiles']}, cache hits: {m['cache_hits']}, "
-        f"compile seconds: {m['compile_seconds']:.1f}"
+        f"compile seconds: {m['compile_seconds']:.1f}, fused graphs: {m['fused_graphs']} "
+        f"({m['fused_cache_hits']} from the graph cache), donated MB: "
+        f"{m['donated_bytes'] / 1e6:.1f}"
     )
     print_cold_vs_warm()
 

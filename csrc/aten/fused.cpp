@@ -362,7 +362,16 @@ std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& outs, size_t
   p.b.ret(results);
   e->inputs = std::move(p.inputs);
   e->out_slots = outs;
-  e->exe = compile_cached(p.b.module());
+  std::string text = p.b.module();
+  if (const char* dir = std::getenv("TORCHTPU_DUMP_FUSED")) {
+    static int count = 0;
+    std::string path = std::string(dir) + "/fused_" + std::to_string(count++) + ".mlir";
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      std::fwrite(text.data(), 1, text.size(), f);
+      std::fclose(f);
+    }
+  }
+  e->exe = compile_cached(text);
   return e;
 }
 

@@ -4,6 +4,7 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -68,7 +69,15 @@ pjrt::ClientPtr make_client() {
 }
 
 thread_local int tls_device = 0;
-thread_local int tls_mode = -1;
+// The context manager's mode lives in PyTorch's thread-local debug info, which
+// the autograd engine carries to its device threads: a backward() inside
+// `with eager_mode("fused")` is recorded too.
+constexpr std::string_view kModeInfoName = "TORCHTPU_EAGER_MODE";
+const c10::DebugInfoKind kModeInfo(&kModeInfoName);
+struct ModeInfo final : c10::DebugInfoBase {
+  explicit ModeInfo(Mode m) : mode(m) {}
+  Mode mode;
+};
 
 bool env_true(const char* n) {
   const char* v = std::getenv(n);
@@ -121,7 +130,11 @@ void set_current_device(int index) {
   tls_device = index;
 }
 
-Mode mode() { return static_cast<Mode>(tls_mode >= 0 ? tls_mode : global_mode_value.load()); }
+Mode mode() {
+  if (auto* info = static_cast<ModeInfo*>(c10::ThreadLocalDebugInfo::get(kModeInfo)))
+    return info->mode;
+  return static_cast<Mode>(global_mode_value.load());
+}
 Mode global_mode() { return static_cast<Mode>(global_mode_value.load()); }
 // Leaving Fused Eager runs what was recorded, so the new mode sees real values.
 void set_mode(Mode m) {
@@ -129,9 +142,14 @@ void set_mode(Mode m) {
   global_mode_value = static_cast<int>(m);
   if (before == Mode::Fused && mode() != Mode::Fused) fused_flush("mode_switch");
 }
-void set_thread_mode(int m) {
+void push_thread_mode(Mode m) {
   Mode before = mode();
-  tls_mode = m;
+  c10::ThreadLocalDebugInfo::_push(kModeInfo, std::make_shared<ModeInfo>(m));
+  if (before == Mode::Fused && m != Mode::Fused) fused_flush("mode_switch");
+}
+void pop_thread_mode() {
+  Mode before = mode();
+  c10::ThreadLocalDebugInfo::_pop(kModeInfo);
   if (before == Mode::Fused && mode() != Mode::Fused) fused_flush("mode_switch");
 }
 

@@ -55,7 +55,9 @@ Mode parse_mode(const std::string& name);  // c10::Error on an unknown name
 Mode mode();  // this thread's (context manager) or the global one
 Mode global_mode();
 void set_mode(Mode m);        // global
-void set_thread_mode(int m);  // -1 = follow global, else Mode
+// Innermost-wins thread-local modes (also seen by autograd's backward threads).
+void push_thread_mode(Mode m);
+void pop_thread_mode();
 bool check_nans();
 bool cpu_fallback_enabled();
 

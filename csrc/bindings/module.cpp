@@ -141,10 +141,14 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;  // leaving fused mode runs the graph
     set_mode(m);
   });
-  m.def("set_thread_mode", [](const std::string& s) {
-    int m = s.empty() ? -1 : static_cast<int>(parse_mode(s));
+  m.def("push_thread_mode", [](const std::string& s) {
+    Mode m = parse_mode(s);
     py::gil_scoped_release release;
-    set_thread_mode(m);
+    push_thread_mode(m);
+  });
+  m.def("pop_thread_mode", [] {
+    py::gil_scoped_release release;
+    pop_thread_mode();
   });
   m.def("get_global_mode", [] { return mode_name(global_mode()); });
   m.def("get_mode", [] { return mode_name(mode()); });

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Self
 
 from . import _C
 
 _MODES = ("strict", "debug", "fused")
-_local = threading.local()
 
 
 def get_eager_mode() -> str:
@@ -32,14 +30,11 @@ class eager_mode:
     def __enter__(self) -> Self:
         # Undo the global change made by the constructor: a `with` is thread-local.
         _C.set_mode(self._global_prev)
-        stack = getattr(_local, "stack", [])
-        stack.append(self.mode)
-        _local.stack = stack
-        _C.set_thread_mode(self.mode)
+        # Kept in PyTorch's thread-local state, so autograd's backward threads
+        # see it too.
+        _C.push_thread_mode(self.mode)
         self._entered = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        stack = _local.stack
-        stack.pop()
-        _C.set_thread_mode(stack[-1] if stack else "")
+        _C.pop_thread_mode()
