@@ -439,6 +439,7 @@ void flush_locked(Graph& g, const char* reason) {
     std::vector<pjrt::BufferPtr> results = entry->exe->execute(raw, g.device);
     metrics().executions++;
     metrics().fused_graphs++;
+    metrics().fused_outputs += static_cast<int64_t>(results.size());
     for (size_t k = 0; k < results.size(); ++k) {
       DeviceStorage* st = g.slots[entry->out_slots[k]].st;
       st->dtype = results[k]->dtype();
@@ -460,8 +461,10 @@ void flush_locked(Graph& g, const char* reason) {
   }
   if (debug_fusion()) {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "[tpu fused] cut=%s ops=%zu inputs=%zu outputs=%zu %s %.3f s\n", reason,
-                 n_nodes, entry->inputs.size(), outs.size(), hit ? "cache-hit" : "compiled", secs);
+    const Node &a = g.nodes.front(), &z = g.nodes.back();
+    std::fprintf(stderr, "[tpu fused] cut=%s ops=%zu inputs=%zu outputs=%zu %s %.3f s; %s .. %s\n",
+                 reason, n_nodes, entry->inputs.size(), outs.size(),
+                 hit ? "cache-hit" : "compiled", secs, node_name(a).c_str(), node_name(z).c_str());
   }
   clear(g);
 }

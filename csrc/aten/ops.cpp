@@ -243,6 +243,9 @@ std::unique_ptr<OpInfo> make_info(const c10::FunctionSchema& s) {
     info->rule = lower::find_rule(f);
   }
   if (!info->rule && info->is_out) info->rule = functional_rule(s);
+  std::string stem = base.size() > 1 && base.back() == '_' ? base.substr(0, base.size() - 1) : base;
+  for (int i : lower::attribute_scalars_of(stem))
+    if (i < static_cast<int>(info->scalar_arg.size())) info->scalar_arg[i] = 0;
   return info;
 }
 

@@ -33,6 +33,7 @@ py::dict metrics_dict() {
   d["fused_graphs"] = m.fused_graphs.load();
   d["fused_cache_hits"] = m.fused_cache_hits.load();
   d["donated_bytes"] = m.donated_bytes.load();
+  d["fused_outputs"] = m.fused_outputs.load();
   py::dict cuts;
   for (auto& [reason, count] : fused_cut_report()) cuts[py::str(reason)] = count;
   d["fused_cuts"] = cuts;
@@ -172,7 +173,8 @@ PYBIND11_MODULE(_C, m) {
     auto& x = metrics();
     for (auto* c : {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs,
                     &x.bytes_to_device, &x.bytes_to_host, &x.executions, &x.compile_ns,
-                    &x.fused_ops, &x.fused_graphs, &x.fused_cache_hits, &x.donated_bytes})
+                    &x.fused_ops, &x.fused_graphs, &x.fused_cache_hits, &x.donated_bytes,
+                    &x.fused_outputs})
       *c = 0;
   });
   m.def("memory_limit", [] { return memory_limit(); });

@@ -271,8 +271,24 @@ TPU_LOWERING(elementwise_arith) {
   binary("remainder", {"Tensor", "Scalar", "Scalar_Tensor"},
          [](Ctx&, Ex x, Ex y) { return py_remainder(x, y); });
   binary("fmod", {"Tensor", "Scalar"}, [](Ctx&, Ex x, Ex y) { return x.bin("remainder", y); });
-  binary("pow", {"Tensor_Tensor", "Tensor_Scalar", "Scalar"},
-         [](Ctx&, Ex x, Ex y) { return x.bin("power", y); });
+  binary("pow", {"Tensor_Tensor", "Scalar"}, [](Ctx&, Ex x, Ex y) { return x.bin("power", y); });
+  // x ** k: k is an attribute, so common exponents become cheap ops and XLA
+  // sees a constant.
+  attribute_scalars("pow", {1});
+  reg("pow.Tensor_Scalar", [](Ctx& c) -> V {
+    Ex x = arg_as(c, 0, c.out(0).dtype);
+    c10::Scalar k = c.arg(1).toScalar();
+    double e = k.toDouble();
+    if (e == 1) return {x};
+    if (e == 2) return {x * x};
+    if (is_float(x.v.dtype())) {
+      if (e == 0.5) return {x.un("sqrt")};
+      if (e == -0.5) return {x.un("rsqrt")};
+      if (e == -1) return {1.0 / x};
+      return {x.bin("power", x.k(e))};
+    }
+    return {x.bin("power", Ex(c.b, c.b.constant_int(k.toLong(), x.v.dtype())))};
+  });
   binary("atan2", {""}, [](Ctx&, Ex x, Ex y) { return x.bin("atan2", y); });
   binary("arctan2", {""}, [](Ctx&, Ex x, Ex y) { return x.bin("atan2", y); });
   binary("hypot", {""}, [](Ctx&, Ex x, Ex y) {

@@ -63,20 +63,16 @@ std::pair<Ex, Ex> var_mean(Ctx& c, int dim_arg, int corr_arg, int keep_arg) {
 
 // p-norm with p known only at run time: every special case is computed and
 // the right one selected.
-Ex vector_norm(const Ex& x, const std::vector<int64_t>& dims, bool keep, Ex p) {
+// The order p is an attribute (see attribute_scalars), so only its own
+// reduction is built.
+Ex vector_norm(const Ex& x, const std::vector<int64_t>& dims, bool keep, double p) {
   Ex a = x.un("abs");
-  Ex two = reduce(a * a, dims, Reducer::Add, keep).un("sqrt");
-  Ex one = reduce(a, dims, Reducer::Add, keep);
-  Ex inf = reduce_mm(a, dims, Reducer::Max, keep);
-  Ex ninf = reduce_mm(a, dims, Reducer::Min, keep);
-  Ex zero = reduce(as_bool(a).to(a.v.dtype()), dims, Reducer::Add, keep);
-  Ex gen = reduce(a.bin("power", p), dims, Reducer::Add, keep).bin("power", 1.0 / p);
-  auto is = [&](double v) { return p.cmp(Cmp::EQ, p.k(v)); };
-  Ex r = where(is(1), one, gen);
-  r = where(is(0), zero, r);
-  r = where(is(-INFINITY), ninf, r);
-  r = where(is(INFINITY), inf, r);
-  return where(is(2), two, r);
+  if (p == 2) return reduce(a * a, dims, Reducer::Add, keep).un("sqrt");
+  if (p == 1) return reduce(a, dims, Reducer::Add, keep);
+  if (p == INFINITY) return reduce_mm(a, dims, Reducer::Max, keep);
+  if (p == -INFINITY) return reduce_mm(a, dims, Reducer::Min, keep);
+  if (p == 0) return reduce(as_bool(a).to(a.v.dtype()), dims, Reducer::Add, keep);
+  return reduce(a.bin("power", a.k(p)), dims, Reducer::Add, keep).bin("power", a.k(1.0 / p));
 }
 
 // Inclusive scan along dim as a reduce_window whose window covers the prefix.
@@ -247,9 +243,11 @@ TPU_LOWERING(reduce_stats) {
     auto [v, m] = var_mean(c, 1, 2, 3);
     return {v.un("sqrt"), m};
   });
+  attribute_scalars("linalg_vector_norm", {1});
+  attribute_scalars("norm", {1});
   reg("linalg_vector_norm", [](Ctx& c) -> V {
     Ex x = input(c);
-    return {vector_norm(x, dims_arg(c, 2, x.v.rank()), false, Ex(c.b, c.scalar(1, x.v.dtype())))};
+    return {vector_norm(x, dims_arg(c, 2, x.v.rank()), false, c.arg(1).toScalar().toDouble())};
   });
   // norm.Scalar(self, p=2); norm.ScalarOpt_dim(self, p?, dim, keepdim);
   // norm.ScalarOpt_dtype(self, p?, *, dtype).
@@ -257,7 +255,7 @@ TPU_LOWERING(reduce_stats) {
     bool has_dim = std::string(n) == "norm.ScalarOpt_dim";
     reg(n, [has_dim](Ctx& c) -> V {
       Ex x = input(c);
-      Ex p = c.is_none(1) ? scalar(c.b, 2, x.v.dtype()) : Ex(c.b, c.scalar(1, x.v.dtype()));
+      double p = c.is_none(1) ? 2.0 : c.arg(1).toScalar().toDouble();
       auto dims = has_dim ? dims_arg(c, 2, x.v.rank()) : reduce_dims({}, x.v.rank());
       return {vector_norm(x, dims, false, p)};
     });

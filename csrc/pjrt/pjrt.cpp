@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <string_view>
 
 #include "pjrt_c_api.h"
@@ -416,7 +418,48 @@ Buffer::Buffer(std::shared_ptr<Client> client, PJRT_Buffer* buf, DType dtype,
                std::vector<int64_t> dims)
     : client_(std::move(client)), buf_(buf), dtype_(dtype), dims_(std::move(dims)) {}
 
-Buffer::~Buffer() { destroy_buffer(client_->api(), buf_); }
+namespace {
+
+// PJRT_Buffer_Destroy blocks until every execution reading the buffer has
+// finished, which would make the host wait for the device whenever a value
+// is replaced. Buffers are destroyed on this thread instead.
+class Reaper {
+ public:
+  Reaper() { std::thread([this] { run(); }).detach(); }
+  void push(std::shared_ptr<Client> client, PJRT_Buffer* buf) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(std::move(client), buf);
+    if (queue_.size() == 1) cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    std::vector<std::pair<std::shared_ptr<Client>, PJRT_Buffer*>> batch;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !queue_.empty(); });
+        batch.swap(queue_);
+      }
+      for (auto& [client, buf] : batch) destroy_buffer(client->api(), buf);
+      batch.clear();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<std::shared_ptr<Client>, PJRT_Buffer*>> queue_;
+};
+
+Reaper& reaper() {
+  static auto* r = new Reaper();  // leaked: buffers may die during exit
+  return *r;
+}
+
+}  // namespace
+
+Buffer::~Buffer() {
+  if (buf_) reaper().push(std::move(client_), buf_);
+}
 
 int64_t Buffer::numel() const {
   int64_t n = 1;

@@ -35,7 +35,7 @@ def _assert_parity(tpu: list[float], cpu: list[float]) -> None:
     assert tpu[-1] < tpu[0], "the model did not learn"
 
 
-@pytest.mark.parametrize("mode", ["strict", "debug"])
+@pytest.mark.parametrize("mode", ["strict", "debug", "fused"])
 @pytest.mark.parametrize("foreach", [True, False])
 def test_mlp_adamw_parity(mode: str, foreach: bool) -> None:
     batches = _mlp_batches()
@@ -45,7 +45,7 @@ def test_mlp_adamw_parity(mode: str, foreach: bool) -> None:
     _assert_parity(tpu, cpu)
 
 
-@pytest.mark.parametrize("mode", ["strict", "debug"])
+@pytest.mark.parametrize("mode", ["strict", "debug", "fused"])
 def test_gpt_adamw_parity(mode: str) -> None:
     batches = _gpt_batches()
     cpu = train_losses(GPT, batches, "cpu", STEPS)

@@ -9,6 +9,12 @@ from conftest import assert_tpu_close
 
 BASE_SHAPE = (4, 6)
 
+
+@pytest.fixture(autouse=True)
+def _every_mode(eager):
+    """Every test here runs in each eager mode."""
+    yield
+
 # name -> function making a view of a (4, 6) base
 VIEWS = {
     "slice_step": lambda x: x[1:, ::2],

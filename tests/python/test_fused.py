@@ -1,0 +1,346 @@
+"""Fused Eager: ops are recorded and run as one program at cut points."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchtpu
+from conftest import assert_tpu_close, check_py
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+from models import GPT, MLP, copy_task_batch
+
+
+def _delta(before: dict, key: str) -> int:
+    return torchtpu.metrics()[key] - before[key]
+
+
+def _cuts() -> dict:
+    return dict(torchtpu.metrics()["fused_cuts"])
+
+
+def _cut_delta(before: dict, reason: str) -> int:
+    return _cuts().get(reason, 0) - before.get(reason, 0)
+
+
+@pytest.fixture
+def fused():
+    with torchtpu.eager_mode("fused"):
+        yield
+
+
+# --- mode selection
+
+
+@pytest.mark.parametrize(
+    "env", [{"TORCHTPU_EAGER": "fused"}, {"TORCH_TPU_DEFER_AND_FUSE": "1"}], ids=["eager", "tpu"]
+)
+def test_env_selects_fused(env):
+    proc = check_py(
+        """
+        import torch, torchtpu
+        assert torchtpu.get_eager_mode() == "fused", torchtpu.get_eager_mode()
+        x = torch.arange(4.0, device="tpu")
+        y = (x * 2 + 1).sum()
+        assert torchtpu.metrics()["executions"] == 0  # recorded, not run
+        print(y.item())
+        """,
+        env=env,
+    )
+    assert proc.stdout.strip() == "16.0"
+
+
+def test_context_manager_is_thread_local_and_nests():
+    assert torchtpu.get_eager_mode() == "strict"
+    with torchtpu.eager_mode("fused"):
+        assert torchtpu.get_eager_mode() == "fused"
+        with torchtpu.eager_mode("debug"):
+            assert torchtpu.get_eager_mode() == "debug"
+        assert torchtpu.get_eager_mode() == "fused"
+        seen = []
+        import threading
+
+        t = threading.Thread(target=lambda: seen.append(torchtpu.get_eager_mode()))
+        t.start()
+        t.join()
+        assert seen == ["strict"]  # another thread follows the global mode
+    assert torchtpu.get_eager_mode() == "strict"
+    torchtpu.eager_mode("fused")  # global setter
+    try:
+        assert torchtpu.get_eager_mode() == "fused"
+    finally:
+        torchtpu.eager_mode("strict")
+
+
+def test_backward_inside_context_is_recorded(fused):
+    w = torch.randn(8, 8, device="tpu", requires_grad=True)
+    x = torch.randn(4, 8, device="tpu")
+    before = torchtpu.metrics()
+    loss = (x @ w).tanh().sum()
+    loss.backward()  # runs on autograd's device thread
+    assert _delta(before, "executions") == 0
+    assert _delta(before, "fused_ops") > 4
+    wc, xc = w.detach().cpu().requires_grad_(), x.cpu()
+    (xc @ wc).tanh().sum().backward()
+    assert_tpu_close(w.grad, wc.grad)
+
+
+# --- deferred recording
+
+
+def test_metadata_is_immediate_and_nothing_runs(fused):
+    x = torch.randn(3, 5, device="tpu")
+    before = torchtpu.metrics()
+    y = x.t() @ x
+    z = y.to(torch.bfloat16).unsqueeze(0).expand(2, 5, 5)
+    assert z.shape == (2, 5, 5) and z.dtype == torch.bfloat16
+    assert z.stride() == (0, 5, 1)
+    assert _delta(before, "executions") == 0
+    xc = x.cpu()
+    assert_tpu_close(z, (xc.t() @ xc).bfloat16().unsqueeze(0).expand(2, 5, 5))
+
+
+def test_views_and_inplace_inside_a_graph(fused):
+    base = torch.zeros(4, 6, device="tpu")
+    ref = torch.zeros(4, 6)
+    aliases = []
+    for t in (base, ref):
+        v = t[1:, ::2]
+        v.add_(1)
+        t.t()[2].mul_(3).add_(2)
+        t.view(24)[5:9].fill_(-1)
+        aliases.append(t.diagonal())
+        aliases[-1].sub_(0.5)
+    assert_tpu_close(base, ref)
+    assert_tpu_close(aliases[0], aliases[1])
+
+
+def test_copies_between_devices_and_dtypes(fused):
+    a = torch.randn(5, 3, device="tpu")
+    a0 = a.cpu()
+    b = torch.empty(5, 3, dtype=torch.float64, device="tpu")
+    b.copy_(a * 2)  # device -> device copy is recorded
+    h = torch.arange(15.0).view(5, 3)
+    a.copy_(h)  # host -> device into a storage the graph uses
+    assert_tpu_close(a + b.float(), h + 2 * a0)
+
+
+def test_unreachable_values_are_not_outputs(fused):
+    x = torch.randn(64, device="tpu")
+    torchtpu.flush()
+    before = torchtpu.metrics()
+    y = x * 2
+    z = y + 1
+    w = (z * z).sum()
+    del y, z
+    torchtpu.flush()
+    assert _delta(before, "fused_graphs") == 1
+    assert _delta(before, "fused_outputs") == 1  # only w
+    assert_tpu_close(w, ((x.cpu() * 2 + 1) ** 2).sum())
+
+
+# --- cut points
+
+
+def test_cut_reasons(fused):
+    x = torch.randn(8, device="tpu")
+    cuts = _cuts()
+    (x + 1).sum().item()
+    assert _cut_delta(cuts, "item") == 1
+    (x * 2).cpu()
+    assert _cut_delta(cuts, "to_cpu") == 1
+    y = x * 3
+    assert bool((y > -100).all())
+    assert _cut_delta(cuts, "item") == 2
+    y = x - 1
+    text = repr(y)  # printing reads the values
+    assert "tpu" in text and _cut_delta(cuts, "to_cpu") >= 2
+    y = x.exp()
+    with torchtpu.eager_mode("strict"):
+        pass
+    assert _cut_delta(cuts, "mode_switch") == 1
+    y = x.sin()
+    torch.tpu.synchronize()
+    assert _cut_delta(cuts, "synchronize") == 1
+    y = x.cos()
+    torchtpu.flush()
+    assert _cut_delta(cuts, "user") == 1
+    assert_tpu_close(y, x.cpu().cos())
+
+
+def test_cut_at_size_cap_and_cpu_fallback():
+    check_py(
+        """
+        import torch, torchtpu
+        x = torch.randn(4, device="tpu")
+        y = x
+        for _ in range(25):
+            y = y * 1.01 + 0.1
+        cuts = torchtpu.metrics()["fused_cuts"]
+        assert cuts.get("size_cap") == 2, cuts
+        exp = x.cpu()
+        for _ in range(25):
+            exp = exp * 1.01 + 0.1
+        torch.testing.assert_close(y.cpu(), exp)
+        # An op without a lowering reads its inputs on the host: a cut.
+        h = torch.histc(x * 2, bins=3, min=-5, max=5)
+        assert torchtpu.metrics()["fused_cuts"].get("cpu_fallback") == 1
+        torch.testing.assert_close(h.cpu(), torch.histc(x.cpu() * 2, bins=3, min=-5, max=5))
+        """,
+        env={"TORCHTPU_EAGER": "fused", "TORCHTPU_FUSED_MAX_OPS": "20",
+             "TORCHTPU_CPU_FALLBACK": "1"},
+    )
+
+
+def test_loop_without_syncs_is_cut_per_iteration(fused):
+    torch.manual_seed(0)
+    model = MLP().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    gen = torch.Generator().manual_seed(0)
+    data = [(torch.randn(16, 32, generator=gen), torch.randint(0, 10, (16,), generator=gen))]
+    losses = []
+    compiles = []
+    for _ in range(14):
+        x, y = (t.to("tpu") for t in data[0])
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+        compiles.append(torchtpu.metrics()["compiles"])
+    cuts = _cuts()
+    assert cuts.get("loop_detected", 0) >= 1
+    assert cuts.get("loop_boundary", 0) >= 5
+    assert compiles[-1] == compiles[-6], "steady-state steps compiled"
+    torch.manual_seed(0)
+    ref = MLP()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for i in range(14):
+        ref_opt.zero_grad(set_to_none=True)
+        ref_loss = F.cross_entropy(ref(data[0][0]), data[0][1])
+        ref_loss.backward()
+        ref_opt.step()
+        assert abs(losses[i].item() - ref_loss.item()) <= 1e-4 * abs(ref_loss.item())
+
+
+# --- memory
+
+
+def test_inplace_updates_donate_their_buffers(fused):
+    p = torch.randn(1000, device="tpu")
+    torchtpu.flush()
+    before = torchtpu.metrics()
+    for _ in range(3):
+        p.mul_(0.5).add_(1.0)
+        torchtpu.flush()
+    assert _delta(before, "donated_bytes") == 3 * 1000 * 4
+    q = p  # a second holder of the same storage does not block donation
+    keep = p.detach().clone()
+    before = torchtpu.metrics()
+    q.add_(1.0)
+    torchtpu.flush()
+    assert _delta(before, "donated_bytes") == 4000
+    assert_tpu_close(p, keep.cpu() + 1)
+
+
+def test_training_step_donates_parameters_and_state(fused):
+    torch.manual_seed(0)
+    model = MLP().to("tpu")
+    nbytes = sum(p.numel() * 4 for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 32, device="tpu"), torch.randint(0, 10, (8,), device="tpu")
+    for step in range(3):
+        before = torchtpu.metrics()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        torchtpu.flush()
+        if step > 0:  # parameters, exp_avg and exp_avg_sq are updated in place
+            assert _delta(before, "donated_bytes") >= 3 * nbytes
+
+
+# --- values that change every step
+
+
+def test_changing_learning_rate_does_not_recompile(fused):
+    torch.manual_seed(0)
+    model = MLP().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    x, y = torch.randn(8, 32, device="tpu"), torch.randint(0, 10, (8,), device="tpu")
+    for step in range(6):
+        if step == 3:
+            compiles = torchtpu.metrics()["compiles"]
+            hits = torchtpu.metrics()["fused_cache_hits"]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        loss.item()
+    assert torchtpu.metrics()["compiles"] == compiles
+    assert torchtpu.metrics()["fused_cache_hits"] - hits == 3
+
+
+# --- errors
+
+
+def test_errors_are_raised_at_the_recording_call(fused):
+    x = torch.randn(3, 4, device="tpu")
+    with pytest.raises(RuntimeError, match="size mismatch|shapes cannot be multiplied"):
+        torch.mm(x, x)
+    with pytest.raises(NotImplementedError, match="aten::histc"):
+        torch.histc(x, bins=4)
+    assert_tpu_close(x * 2, x.cpu() * 2)
+
+
+def test_debug_fusion_logs_each_materialization():
+    proc = check_py(
+        """
+        import torch, torchtpu
+        x = torch.randn(4, device="tpu")
+        (x.sin() + 1).sum().item()
+        """,
+        env={"TORCHTPU_EAGER": "fused", "TORCHTPU_DEBUG_FUSION": "1"},
+    )
+    # randn, sin, add, sum; each op names the Python line that recorded it
+    assert "[tpu fused] cut=item ops=4" in proc.stderr, proc.stderr
+    assert "compiled" in proc.stderr
+    assert "aten::normal_ (recorded at <string>:3)" in proc.stderr, proc.stderr
+    assert "aten::sum.IntList_out (recorded at <string>:4)" in proc.stderr, proc.stderr
+
+
+# --- training
+
+
+@pytest.mark.parametrize("name", ["MLP", "GPT"])
+def test_training_after_warmup_compiles_nothing(name, fused):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    if name == "GPT":
+        model = GPT().to("tpu")
+        batches = [copy_task_batch(gen, 4, 32, 64) for _ in range(4)]
+    else:
+        model = MLP().to("tpu")
+        batches = [
+            (torch.randn(16, 32, generator=gen), torch.randint(0, 10, (16,), generator=gen))
+            for _ in range(4)
+        ]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    for step in range(22):
+        if step == 2:
+            before = torchtpu.metrics()
+        x, y = (t.to("tpu") for t in batches[step % 4])
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y) if name == "GPT" else F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss.item()
+    assert _delta(before, "compiles") == 0
+    assert _delta(before, "fused_graphs") == 20
+    assert _delta(before, "fused_cache_hits") == 20
