@@ -72,7 +72,8 @@ Ex vector_norm(const Ex& x, const std::vector<int64_t>& dims, bool keep, double 
   if (p == INFINITY) return reduce_mm(a, dims, Reducer::Max, keep);
   if (p == -INFINITY) return reduce_mm(a, dims, Reducer::Min, keep);
   if (p == 0) return reduce(as_bool(a).to(a.v.dtype()), dims, Reducer::Add, keep);
-  return reduce(a.bin("power", a.k(p)), dims, Reducer::Add, keep).bin("power", a.k(1.0 / p));
+  Ex sum = reduce(a.bin("power", a.k(p)), dims, Reducer::Add, keep);
+  return sum.bin("power", sum.k(1.0 / p));
 }
 
 // Inclusive scan along dim as a reduce_window whose window covers the prefix.
