@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -429,7 +430,7 @@ class Reaper {
   void push(std::shared_ptr<Client> client, PJRT_Buffer* buf) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.emplace_back(std::move(client), buf);
-    if (queue_.size() == 1) cv_.notify_one();
+    if (queue_.size() == 1 || queue_.size() == kBatch) cv_.notify_one();
   }
 
  private:
@@ -439,12 +440,15 @@ class Reaper {
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return !queue_.empty(); });
+        // Collect a batch (or wait at most 1 ms) so one wake-up serves many buffers.
+        cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return queue_.size() >= kBatch; });
         batch.swap(queue_);
       }
       for (auto& [client, buf] : batch) destroy_buffer(client->api(), buf);
       batch.clear();
     }
   }
+  static constexpr size_t kBatch = 64;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::pair<std::shared_ptr<Client>, PJRT_Buffer*>> queue_;
