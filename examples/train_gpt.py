@@ -1,6 +1,6 @@
 """Demo: train a small GPT on the `tpu` device and compare with CPU.
 
-make demo            # or: python examples/train_gpt.py --steps 40
+make demo            # or: python examples/train_gpt.py --steps 40 --mode fused
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from models import GPT, copy_task_batch, train_losses
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--mode", default="strict", choices=["strict", "debug"])
+    ap.add_argument("--mode", default="strict", choices=["strict", "debug", "fused"])
     args = ap.parse_args()
 
     gen = torch.Generator().manual_seed(0)
