@@ -359,8 +359,8 @@ std::vector<pjrt::BufferPtr> gather_inputs(const Entry& entry, const torch::jit:
 // Installs the outputs: new buffers of written storages, fresh tensors, and
 // the op's returns (aliased arguments for in-place/out= ops) on the stack.
 void push_results(const Entry& entry, const OpInfo& info, const std::vector<pjrt::BufferPtr>& outs,
-                  const std::vector<DeviceStorage*>& storages, int device,
-                  torch::jit::Stack& stack, size_t first) {
+                  const std::vector<DeviceStorage*>& storages, int device, torch::jit::Stack& stack,
+                  size_t first) {
   std::vector<at::Tensor> fresh;
   size_t next = 0;
   for (const OutSpec& o : entry.outs) {
@@ -487,7 +487,8 @@ void Program::write(int slot, const at::Tensor& t, hlo::Value v, const std::stri
   int64_t n = storage_elems(DeviceStorage{0, slots[slot].nbytes, nullptr, d}, d);
   // As eager: no writes into expanded views, except the fills CPU allows.
   const std::string base = op.substr(0, op.find('.'));
-  if (base != "fill_" && base != "zero_" && base != "masked_fill_") at::assert_no_internal_overlap(t);
+  if (base != "fill_" && base != "zero_" && base != "masked_fill_")
+    at::assert_no_internal_overlap(t);
   v = lower::coerce(b, v, Type{d, t.sizes().vec()});
   if (g.contiguous() && g.offset == 0 && g.numel() == n) {
     current[slot] = b.reshape(v, {n});  // whole overwrite: the old value is never read
@@ -514,8 +515,9 @@ CallOutputs call_outputs(const c10::OperatorHandle& op, const torch::jit::Stack&
 }
 
 std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
-                                   const torch::jit::Stack& args, size_t first, const SlotOf& slot_of,
-                                   const CallOutputs& outs, int64_t* rng_numel) {
+                                   const torch::jit::Stack& args, size_t first,
+                                   const SlotOf& slot_of, const CallOutputs& outs,
+                                   int64_t* rng_numel) {
   CallCtx ctx(p, node, info, args, first, slot_of, outs);
   std::vector<Value> vals = (*info.rule)(ctx);
   TORCH_CHECK(vals.size() == outs.types.size(), "[tpu] lowering of ", info.name, " returned ",

@@ -49,6 +49,15 @@ bool debug_fusion() {
   return on;
 }
 
+// TORCHTPU_FUSED_DONATE=0 turns donation off (to compare memory and speed).
+bool donation() {
+  static bool on = [] {
+    const char* v = std::getenv("TORCHTPU_FUSED_DONATE");
+    return !v || std::string(v) != "0";
+  }();
+  return on;
+}
+
 size_t max_ops() {
   static size_t n = [] {
     const char* v = std::getenv("TORCHTPU_FUSED_MAX_OPS");
@@ -75,10 +84,10 @@ struct Template {
 struct Node {
   c10::OperatorHandle op;
   const OpInfo* info;
-  torch::jit::Stack args;          // device tensors replaced by undefined placeholders
-  std::vector<TensorDesc> descs;   // every tensor position, in traversal order
+  torch::jit::Stack args;         // device tensors replaced by undefined placeholders
+  std::vector<TensorDesc> descs;  // every tensor position, in traversal order
   std::shared_ptr<const Template> tmpl;
-  std::vector<int> out_slots;      // per output: graph slot of a fresh tensor, or -1
+  std::vector<int> out_slots;  // per output: graph slot of a fresh tensor, or -1
   std::vector<std::tuple<int, int, pjrt::BufferPtr>> host;  // (argument, element, upload)
   uint64_t rng[2] = {0, 0};
   const std::string* where = nullptr;
@@ -113,7 +122,7 @@ struct Graph {
   std::unordered_map<const DeviceStorage*, int> slot_of;
   std::string key;
   int device = 0;
-  std::vector<uint64_t> hist;  // per node: hash of its call key
+  std::vector<uint64_t> hist;    // per node: hash of its call key
   std::vector<int64_t> live_at;  // per node: live pending storages before it
   int64_t live_pending = 0;
   Loop loop;
@@ -228,8 +237,8 @@ c10::IValue rebuild(const Node& node, const c10::IValue& v, size_t& pos,
 DType written_dtype(const at::Tensor& t, const DeviceStorage& st) {
   DType d = to_dtype(t.scalar_type());
   auto g = view_geom(t);
-  bool whole = g.contiguous() && g.offset == 0 &&
-               static_cast<size_t>(g.numel()) * itemsize(d) == st.nbytes;
+  bool whole =
+      g.contiguous() && g.offset == 0 && static_cast<size_t>(g.numel()) * itemsize(d) == st.nbytes;
   return whole || !st.has_value() ? d : st.dtype;
 }
 
@@ -246,8 +255,8 @@ void mark_written(Graph& g, const at::Tensor& t) {
 }
 
 std::shared_ptr<const Template> make_template(const c10::OperatorHandle& op, const OpInfo& info,
-                                              const torch::jit::Stack& args, size_t first,
-                                              size_t n, std::vector<DeviceStorage*> storages) {
+                                              const torch::jit::Stack& args, size_t first, size_t n,
+                                              std::vector<DeviceStorage*> storages) {
   auto t = std::make_shared<Template>();
   t->outs = call_outputs(op, args, first, n);
   // Lowering once now reports rule errors at the call and finds the random
@@ -390,7 +399,8 @@ void flush_locked(Graph& g, const char* reason) {
   for (size_t i = 0; i < g.slots.size(); ++i) {
     GraphSlot& s = g.slots[i];
     if (!s.st || !s.written) continue;
-    s.state.donate = s.captured && s.captured.use_count() == 2 && s.st->buffer == s.captured;
+    s.state.donate =
+        donation() && s.captured && s.captured.use_count() == 2 && s.st->buffer == s.captured;
     outs.push_back(static_cast<int>(i));
     put(key, static_cast<int32_t>(i));
     put(key, s.state.donate);
@@ -463,8 +473,8 @@ void flush_locked(Graph& g, const char* reason) {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const Node &a = g.nodes.front(), &z = g.nodes.back();
     std::fprintf(stderr, "[tpu fused] cut=%s ops=%zu inputs=%zu outputs=%zu %s %.3f s; %s .. %s\n",
-                 reason, n_nodes, entry->inputs.size(), outs.size(),
-                 hit ? "cache-hit" : "compiled", secs, node_name(a).c_str(), node_name(z).c_str());
+                 reason, n_nodes, entry->inputs.size(), outs.size(), hit ? "cache-hit" : "compiled",
+                 secs, node_name(a).c_str(), node_name(z).c_str());
   }
   clear(g);
 }
@@ -549,11 +559,11 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
         continue;
       }
       const Type& t = co.types[k];
-      at::Tensor out = at::empty(
-          t.shape, c10::TensorOptions()
-                       .dtype(lower::to_scalar_type(t.dtype))
-                       .device(c10::Device(c10::DeviceType::PrivateUse1,
-                                           static_cast<c10::DeviceIndex>(device))));
+      at::Tensor out =
+          at::empty(t.shape, c10::TensorOptions()
+                                 .dtype(lower::to_scalar_type(t.dtype))
+                                 .device(c10::Device(c10::DeviceType::PrivateUse1,
+                                                     static_cast<c10::DeviceIndex>(device))));
       DeviceStorage* st = &device_storage(out.storage());
       st->dtype = t.dtype;
       st->pending = true;

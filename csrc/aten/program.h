@@ -70,8 +70,9 @@ CallOutputs call_outputs(const c10::OperatorHandle& op, const torch::jit::Stack&
 // types (invalid Values for undefined ones and aliased returns). Sets
 // *rng_numel when the call draws random numbers.
 std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
-                                   const torch::jit::Stack& args, size_t first, const SlotOf& slot_of,
-                                   const CallOutputs& outs, int64_t* rng_numel);
+                                   const torch::jit::Stack& args, size_t first,
+                                   const SlotOf& slot_of, const CallOutputs& outs,
+                                   int64_t* rng_numel);
 
 // Structural cache key of a call: op, attributes, tensor metadata; storages
 // numbered by first use (appended to `storages`). Scalars are keyed by kind.

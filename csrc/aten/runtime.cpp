@@ -1,7 +1,5 @@
 #include "aten/runtime.h"
 
-#include "aten/fused.h"
-
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
@@ -12,6 +10,8 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+
+#include "aten/fused.h"
 
 namespace torchtpu::aten {
 

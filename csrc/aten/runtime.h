@@ -52,9 +52,9 @@ void resize_storage(const c10::Storage& storage, size_t nbytes);
 enum class Mode { Strict, Debug, Fused };
 const char* mode_name(Mode m);
 Mode parse_mode(const std::string& name);  // c10::Error on an unknown name
-Mode mode();  // this thread's (context manager) or the global one
+Mode mode();                               // this thread's (context manager) or the global one
 Mode global_mode();
-void set_mode(Mode m);        // global
+void set_mode(Mode m);  // global
 // Innermost-wins thread-local modes (also seen by autograd's backward threads).
 void push_thread_mode(Mode m);
 void pop_thread_mode();

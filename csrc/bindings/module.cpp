@@ -153,10 +153,13 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("get_global_mode", [] { return mode_name(global_mode()); });
   m.def("get_mode", [] { return mode_name(mode()); });
-  m.def("flush", [] {
-    py::gil_scoped_release release;
-    fused_flush("user");
-  }, "Fused Eager: runs the ops recorded so far.");
+  m.def(
+      "flush",
+      [] {
+        py::gil_scoped_release release;
+        fused_flush("user");
+      },
+      "Fused Eager: runs the ops recorded so far.");
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,
         "Compile cache counters of this process (requests, memory/disk/shared hits, misses =\n"
@@ -171,10 +174,10 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("reset_metrics", [] {
     auto& x = metrics();
-    for (auto* c : {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs,
-                    &x.bytes_to_device, &x.bytes_to_host, &x.executions, &x.compile_ns,
-                    &x.fused_ops, &x.fused_graphs, &x.fused_cache_hits, &x.donated_bytes,
-                    &x.fused_outputs})
+    for (auto* c :
+         {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs, &x.bytes_to_device,
+          &x.bytes_to_host, &x.executions, &x.compile_ns, &x.fused_ops, &x.fused_graphs,
+          &x.fused_cache_hits, &x.donated_bytes, &x.fused_outputs})
       *c = 0;
   });
   m.def("memory_limit", [] { return memory_limit(); });

@@ -4,16 +4,16 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <chrono>
-#include <condition_variable>
 #include <mutex>
-#include <thread>
 #include <string_view>
+#include <thread>
 
 #include "pjrt_c_api.h"
 
@@ -426,7 +426,9 @@ namespace {
 // is replaced. Buffers are destroyed on this thread instead.
 class Reaper {
  public:
-  Reaper() { std::thread([this] { run(); }).detach(); }
+  Reaper() {
+    std::thread([this] { run(); }).detach();
+  }
   void push(std::shared_ptr<Client> client, PJRT_Buffer* buf) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.emplace_back(std::move(client), buf);
@@ -441,7 +443,8 @@ class Reaper {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return !queue_.empty(); });
         // Collect a batch (or wait at most 1 ms) so one wake-up serves many buffers.
-        cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return queue_.size() >= kBatch; });
+        cv_.wait_for(lock, std::chrono::milliseconds(1),
+                     [this] { return queue_.size() >= kBatch; });
         batch.swap(queue_);
       }
       for (auto& [client, buf] : batch) destroy_buffer(client->api(), buf);

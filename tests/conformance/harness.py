@@ -36,6 +36,7 @@ BACKEND_ENV = (
     "TORCHTPU_FUSED_MAX_OPS",
     "TORCHTPU_DEBUG_FUSION",
     "TORCHTPU_DUMP_FUSED",
+    "TORCHTPU_FUSED_DONATE",
 )
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "int64", "int32", "bool")

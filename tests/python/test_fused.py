@@ -191,8 +191,11 @@ def test_cut_at_size_cap_and_cpu_fallback():
         assert torchtpu.metrics()["fused_cuts"].get("cpu_fallback") == 1
         torch.testing.assert_close(h.cpu(), torch.histc(x.cpu() * 2, bins=3, min=-5, max=5))
         """,
-        env={"TORCHTPU_EAGER": "fused", "TORCHTPU_FUSED_MAX_OPS": "20",
-             "TORCHTPU_CPU_FALLBACK": "1"},
+        env={
+            "TORCHTPU_EAGER": "fused",
+            "TORCHTPU_FUSED_MAX_OPS": "20",
+            "TORCHTPU_CPU_FALLBACK": "1",
+        },
     )
 
 

@@ -15,6 +15,7 @@ def _every_mode(eager):
     """Every test here runs in each eager mode."""
     yield
 
+
 # name -> function making a view of a (4, 6) base
 VIEWS = {
     "slice_step": lambda x: x[1:, ::2],
