@@ -538,12 +538,19 @@ std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
   return fresh;
 }
 
-void key_call(std::string& key, const OpInfo& info, const torch::jit::Stack& args, size_t first,
-              size_t n, std::vector<DeviceStorage*>& storages) {
-  put(key, &info);
-  for (size_t i = 0; i < n; ++i)
-    key_ivalue(key, args[first + i], info.scalar_arg[i] != 0, storages);
-  check_same_device(info.name, storages);
+CallKey key_call(const c10::OperatorHandle& op, const OpInfo& info,
+                 const torch::jit::Stack& stack) {
+  CallKey c;
+  c.n = op.schema().arguments().size();
+  c.first = stack.size() - c.n;
+  c.key.reserve(256);
+  put(c.key, &info);
+  for (size_t i = 0; i < c.n; ++i)
+    key_ivalue(c.key, stack[c.first + i], info.scalar_arg[i] != 0, c.storages);
+  check_same_device(info.name, c.storages);
+  for (DeviceStorage* st : c.storages)
+    if (st->error) TORCH_CHECK(false, *st->error);
+  return c;
 }
 
 int64_t storage_elems(const DeviceStorage& st, DType dtype) {
@@ -633,12 +640,10 @@ void push_returns(const OpInfo& info, const std::vector<int>& ret_lists,
 
 void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
   if (mode() == Mode::Fused) return fused_record(op, info, stack);
-  const size_t n = op.schema().arguments().size();
-  const size_t first = stack->size() - n;
-  std::vector<DeviceStorage*> storages;
-  std::string key;
-  key.reserve(256);
-  key_call(key, info, *stack, first, n, storages);
+  CallKey call = key_call(op, info, *stack);
+  const size_t n = call.n, first = call.first;
+  std::vector<DeviceStorage*>& storages = call.storages;
+  const std::string& key = call.key;
   // Another thread's fused graph may hold newer values of these storages.
   for (DeviceStorage* st : storages) fused_sync(*st, "strict_op");
   if (mode() == Mode::Debug) debug_index_checks(info, *stack, first);

@@ -488,14 +488,10 @@ const char* SyncReason::current(const char* fallback) { return t_reason ? t_reas
 void set_location_hook(const std::string* (*hook)()) { g_location = hook; }
 
 void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
-  const size_t n = op.schema().arguments().size();
-  const size_t first = stack->size() - n;
-  std::vector<DeviceStorage*> storages;
-  std::string key;
-  key.reserve(256);
-  key_call(key, info, *stack, first, n, storages);
-  for (DeviceStorage* st : storages)
-    if (st->error) TORCH_CHECK(false, *st->error);
+  CallKey call = key_call(op, info, *stack);
+  const size_t n = call.n, first = call.first;
+  const std::vector<DeviceStorage*>& storages = call.storages;
+  const std::string& key = call.key;
 
   Graph& g = graph();
   std::lock_guard<std::recursive_mutex> lock(g.mu);

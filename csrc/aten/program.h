@@ -74,10 +74,15 @@ std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
                                    const SlotOf& slot_of, const CallOutputs& outs,
                                    int64_t* rng_numel);
 
-// Structural cache key of a call: op, attributes, tensor metadata; storages
-// numbered by first use (appended to `storages`). Scalars are keyed by kind.
-void key_call(std::string& key, const OpInfo& info, const torch::jit::Stack& args, size_t first,
-              size_t n, std::vector<DeviceStorage*>& storages);
+// A call on the stack and its structural cache key: op, attributes, tensor
+// metadata, storages numbered by first use; Scalars are keyed by kind. Throws
+// the error of a failed fused graph that should have produced an argument.
+struct CallKey {
+  size_t n = 0, first = 0;  // number of arguments, position of the first
+  std::vector<DeviceStorage*> storages;
+  std::string key;
+};
+CallKey key_call(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& stack);
 int64_t storage_elems(const DeviceStorage& st, DType dtype);
 // A Scalar argument's buffer (memoized per value).
 pjrt::BufferPtr scalar_buffer(const c10::IValue& v, DType dtype, int device);
