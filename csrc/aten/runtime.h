@@ -74,6 +74,8 @@ struct Metrics {
   // inputs, values materialized (live tensors only).
   std::atomic<int64_t> fused_ops{0}, fused_graphs{0}, fused_cache_hits{0}, donated_bytes{0},
       fused_outputs{0};
+  // torch.compile: ATen graphs handed to the tpu backend.
+  std::atomic<int64_t> compiled_graphs{0};
 };
 Metrics& metrics();
 

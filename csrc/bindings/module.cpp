@@ -11,6 +11,7 @@
 #include "aten/generator.h"
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
+#include "lower/registry.h"
 
 namespace py = pybind11;
 using namespace torchtpu::aten;
@@ -34,6 +35,7 @@ py::dict metrics_dict() {
   d["fused_cache_hits"] = m.fused_cache_hits.load();
   d["donated_bytes"] = m.donated_bytes.load();
   d["fused_outputs"] = m.fused_outputs.load();
+  d["compiled_graphs"] = m.compiled_graphs.load();
   py::dict cuts;
   for (auto& [reason, count] : fused_cut_report()) cuts[py::str(reason)] = count;
   d["fused_cuts"] = cuts;
@@ -160,6 +162,14 @@ PYBIND11_MODULE(_C, m) {
         fused_flush("user");
       },
       "Fused Eager: runs the ops recorded so far.");
+  m.def("flush_reason", [](const std::string& reason) {
+    py::gil_scoped_release release;
+    fused_flush(reason.c_str());
+  });
+  m.def(
+      "lowered_ops", [] { return torchtpu::lower::registered_ops(); },
+      "ATen ops (name.overload) with a lowering rule.");
+  m.def("count_compiled_graph", [] { metrics().compiled_graphs++; });
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,
         "Compile cache counters of this process (requests, memory/disk/shared hits, misses =\n"
@@ -177,7 +187,7 @@ PYBIND11_MODULE(_C, m) {
     for (auto* c :
          {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs, &x.bytes_to_device,
           &x.bytes_to_host, &x.executions, &x.compile_ns, &x.fused_ops, &x.fused_graphs,
-          &x.fused_cache_hits, &x.donated_bytes, &x.fused_outputs})
+          &x.fused_cache_hits, &x.donated_bytes, &x.fused_outputs, &x.compiled_graphs})
       *c = 0;
   });
   m.def("memory_limit", [] { return memory_limit(); });
