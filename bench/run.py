@@ -38,21 +38,23 @@ def add_chain(device: str, n: int) -> tuple[float, float]:
     return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
 
 
-def step_time(model_fn, batches, device: str, steps: int, warmup: int = 3) -> tuple[float, float]:
+def step_time(
+    model_fn, batches, device: str, steps: int, warmup: int = 3, backend: str | None = None
+) -> tuple[float, float]:
     """Median seconds per AdamW training step (forward, backward, clip, step, loss.item())
-    and median host seconds per step (the same, before the loss.item() sync)."""
+    and median host seconds per step (the same, before the loss.item() sync). With
+    `backend`, the model runs under torch.compile with that backend."""
     torch.manual_seed(0)
     model = model_fn().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fwd = torch.compile(model, backend=backend) if backend else model
     times, host = [], []
     for i in range(warmup + steps):
         x, y = (t.to(device) for t in batches[i % len(batches)])
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         out = (
-            model(x, y)
-            if isinstance(model, GPT)
-            else torch.nn.functional.cross_entropy(model(x), y)
+            fwd(x, y) if isinstance(model, GPT) else torch.nn.functional.cross_entropy(fwd(x), y)
         )
         out.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -139,6 +141,31 @@ def print_cold_vs_warm() -> None:
         print(f"WARNING: the warm run compiled {warm['stats']['misses']} programs (expected 0)")
 
 
+def print_compiled(batches, steps: int, gpt_row: tuple) -> None:
+    """GPT step under torch.compile (tpu backend, and Inductor on the CPU) next to eager."""
+    _, cpu, strict, fused = gpt_row[:4]
+    t0 = time.perf_counter()
+    compiled, _ = step_time(GPT, batches, "tpu", steps, warmup=3, backend="tpu")
+    tpu_total = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    inductor, _ = step_time(GPT, batches, "cpu", steps, warmup=3, backend="inductor")
+    inductor_total = time.perf_counter() - t0
+    print("\n| GPT training step (AdamW) | ms | vs torch CPU eager |")
+    print("|---|---:|---:|")
+    for name, t in (
+        ("torch CPU eager", cpu),
+        ("torch.compile, Inductor (CPU)", inductor),
+        ("tpu Strict Eager", strict),
+        ("tpu Fused Eager", fused),
+        ('torch.compile(backend="tpu")', compiled),
+    ):
+        print(f"| {name} | {t * 1e3:.2f} | {t / cpu:.2f}x |")
+    print(
+        f"\ntime for {steps + 3} compiled steps including compilation (this process's "
+        f"cache state): tpu backend {tpu_total:.1f} s, Inductor {inductor_total:.1f} s"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--adds", type=int, default=10_000)
@@ -195,6 +222,7 @@ def main() -> None:
             f"| {name} | {c * 1e3:.2f} | {s * 1e3:.2f} | {f * 1e3:.2f} | {s / f:.2f}x "
             f"| {f / c:.2f}x | {sh * 1e3:.2f} | {fh * 1e3:.2f} | {per:.0f} |"
         )
+    print_compiled(gpt_batches, args.steps, steps[-1])
     print(
         f"\ncompiles: {m['compiles']}, cache hits: {m['cache_hits']}, "
         f"compile seconds: {m['compile_seconds']:.1f}, fused graphs: {m['fused_graphs']} "
