@@ -101,6 +101,10 @@ Digest runtime_identity(const pjrt::Client& client) {
   h.u64(static_cast<uint64_t>(client.plugin().api_minor()));
   h.field(client.platform_name()).field(client.platform_version());
   if (client.platform_name() == "cpu") h.field(host_cpu_features());
+  // XLA reads its flags from the environment when the plugin starts; they can
+  // change the code it generates.
+  const char* flags = std::getenv("XLA_FLAGS");
+  h.field(flags ? flags : "");
   return h.finish();
 }
 
