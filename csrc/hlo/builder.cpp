@@ -317,6 +317,22 @@ std::vector<Value> Builder::while_loop(const std::vector<Value>& init,
   return emit_multi(generic("while", init, "", types, regions), types);
 }
 
+Value Builder::triangular_solve(Value a, Value b, bool left_side, bool lower, bool unit_diagonal,
+                                bool transpose_a) {
+  if (a.rank() < 2 || a.rank() != b.rank()) fail("triangular_solve", "rank mismatch");
+  auto flag = [](bool v) { return v ? std::string("true") : std::string("false"); };
+  std::string attrs = "left_side = " + flag(left_side) + ", lower = " + flag(lower) +
+                      ", unit_diagonal = " + flag(unit_diagonal) +
+                      ", transpose_a = #stablehlo<transpose " +
+                      (transpose_a ? "TRANSPOSE" : "NO_TRANSPOSE") + ">";
+  return op("triangular_solve", {a, b}, attrs, b.type);
+}
+
+Value Builder::cholesky(Value a, bool lower) {
+  if (a.rank() < 2) fail("cholesky", "rank < 2");
+  return op("cholesky", {a}, lower ? "lower = true" : "lower = false", a.type);
+}
+
 Value Builder::chlo(const char* opname, const std::vector<Value>& args, const Type& out) {
   std::string s = generic(opname, args, "", {out});
   return emit("\"chlo." + s.substr(std::string_view("\"stablehlo.").size()), out);

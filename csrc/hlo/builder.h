@@ -98,6 +98,13 @@ class Builder {
                     const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
                     const std::vector<int64_t>& rhs_contract, DType out);
 
+  // Solves op(a) x = b (left) or x op(a) = b for triangular a [..., n, n]
+  // (batch dims equal to b's); op transposes when `transpose_a`.
+  Value triangular_solve(Value a, Value b, bool left_side, bool lower, bool unit_diagonal,
+                         bool transpose_a);
+  // Cholesky factor of a [..., n, n]; only the chosen triangle is defined.
+  Value cholesky(Value a, bool lower);
+
   // --- convolution and windows (builder_conv.cpp)
   // stablehlo.convolution on NC(D)HW input, OI(D)HW kernel, NC(D)HW output.
   // Empty strides/dilations mean 1, empty padding 0 (padding may be negative).
