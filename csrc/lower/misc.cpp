@@ -1,0 +1,253 @@
+// Assorted ops: channel_shuffle, renorm, cummax/cummin, nanmedian, unfold's
+// backward, im2col, rrelu, histc and a few aliases of existing rules.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "lower/helpers.h"
+#include "lower/types.h"
+
+namespace torchtpu::lower {
+namespace {
+
+using hlo::Cmp;
+using hlo::Reducer;
+using V = std::vector<Value>;
+
+Ex in_as(Ctx& c, int i, DType t) { return Ex(c.b, c.b.convert(c.in(i), t)); }
+DType math_dtype(Ctx& c) { return compute_dtype(c.out(0).dtype); }
+Value at_least_1d(Builder& b, Value x) { return x.rank() == 0 ? b.reshape(x, {1}) : x; }
+// Runs the rule registered under `name` (looked up at call time, so the
+// registration order of files does not matter).
+Rule alias(const std::string& name) {
+  return [name](Ctx& c) -> V { return (*find_rule(name))(c); };
+}
+
+// Running max/min along dim with the index of the element that set it: the
+// last one among equals and the last NaN once a NaN appeared (torch's CPU
+// cummax/cummin). For position i: arg-extreme over j <= i, scanned from i
+// down so that ties and NaNs pick the largest j.
+std::pair<Value, Value> cum_extreme(Builder& b, Value x, int64_t dim, bool is_max) {
+  int64_t r = x.rank(), n = x.shape()[dim];
+  // [..., i, j, ...] with j reversed: element (i, j) holds x[n - 1 - j].
+  Shape big = x.shape();
+  big.insert(big.begin() + dim, n);
+  std::vector<int64_t> dims;
+  for (int64_t k = 0; k < r; ++k) dims.push_back(k < dim ? k : k + 1);
+  Value xr = b.broadcast_in_dim(b.reverse(x, {dim}), big, dims);
+  Type it{DType::I64, big};
+  Ex i(b, b.iota(it, dim)), j(b, b.iota(it, dim + 1));
+  Ex src = (j.k(static_cast<double>(n - 1)) - j);
+  Ex valid = src.cmp(Cmp::LE, i);
+  double fill = is_max ? -INFINITY : INFINITY;
+  Value init = is_float(x.dtype()) ? b.splat(fill, Type{x.dtype(), big})
+                                   : b.splat(is_max ? -9.0e18 : 9.0e18, Type{x.dtype(), big});
+  if (x.dtype() == DType::Bool) init = b.splat(is_max ? 0 : 1, Type{x.dtype(), big});
+  Value masked = where(valid, Ex(b, xr), Ex(b, init));
+  auto [m, a] = b.reduce_arg(masked, dim + 1, is_max);
+  Ex idx = Ex(b, a).k(static_cast<double>(n - 1)) - Ex(b, a);
+  return {m, idx};
+}
+
+TPU_LOWERING(misc_ops) {
+  // (self, groups): [N, g, C/g, ...] -> [N, C/g, g, ...].
+  for (const char* n : {"channel_shuffle", "native_channel_shuffle"}) {
+    reg(n, [](Ctx& c) -> V {
+      Value x = c.in(0);
+      int64_t g = c.i64(1), ch = x.shape()[1];
+      Shape s = x.shape();
+      s[1] = ch / g;
+      s.insert(s.begin() + 1, g);
+      std::vector<int64_t> perm{0, 2, 1};
+      for (int64_t k = 3; k < static_cast<int64_t>(s.size()); ++k) perm.push_back(k);
+      return {c.b.reshape(c.b.transpose(c.b.reshape(x, s), perm), x.shape())};
+    });
+  }
+  // (self, p, dim, maxnorm): slices along dim with p-norm above maxnorm are
+  // scaled down to it.
+  reg("renorm", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex x = in_as(c, 0, t);
+    int64_t dim = wrap_dim(c.i64(2), x.v.rank());
+    std::vector<int64_t> dims;
+    for (int64_t k = 0; k < x.v.rank(); ++k)
+      if (k != dim) dims.push_back(k);
+    Ex p(c.b, c.scalar(1, t)), maxnorm(c.b, c.scalar(3, t));
+    Ex sum(c.b, reduce_sum(c.b, x.un("abs").bin("power", p).v, dims, true));
+    Ex amax(c.b, c.b.reduce(x.un("abs").v, c.b.constant(0, t), dims, Reducer::Max));
+    amax = Ex(c.b, c.b.reshape(amax.v, sum.v.shape()));
+    Ex norm = where(p.cmp(Cmp::EQ, p.k(INFINITY)), amax, sum.bin("power", 1.0 / p));
+    Ex factor = where(norm.cmp(Cmp::GT, maxnorm), maxnorm / (norm + 1e-7), norm.k(1));
+    return {x * factor};
+  });
+  // _cummax_helper(self, values(a!), indices(b!), dim) -> ()
+  for (auto [name, mx] : {std::pair{"_cummax_helper", true}, std::pair{"_cummin_helper", false}}) {
+    bool is_max = mx;
+    reg(name, [is_max](Ctx& c) -> V {
+      Value x = at_least_1d(c.b, c.in(0));
+      auto [m, i] = cum_extreme(c.b, x, wrap_dim(c.i64(3), x.rank()), is_max);
+      c.update(1, m);
+      c.update(2, i);
+      return {};
+    });
+  }
+  // nanmedian(): the lower middle of the non-NaN values (NaN if none).
+  reg("nanmedian", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    int64_t n = x.type.numel();
+    Ex s(b, b.sort({b.reshape(x, {n})}, 0, false)[0]);
+    Ex cnt(b, b.reduce(s.cmp(Cmp::EQ, s).to(DType::I64).v, b.constant_int(0, DType::I64), {0},
+                       Reducer::Add));
+    Ex k = maximum(cnt - 1.0, cnt.k(0)) / 2.0;
+    return {b.reshape(b.gather_flat(s, b.reshape(k.v, {1})), {})};
+  });
+  // nanmedian.dim(self, dim, keepdim) -> (values, indices)
+  reg("nanmedian.dim", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = at_least_1d(b, c.in(0));
+    int64_t dim = wrap_dim(c.i64(1), x.rank());
+    auto s = b.sort({x, b.iota(Type{DType::I64, x.shape()}, dim)}, dim, false);
+    Ex sv(b, s[0]);
+    Ex cnt(b, reduce_sum(b, sv.cmp(Cmp::EQ, sv).to(DType::I64).v, {dim}, true));
+    Ex k = maximum(cnt - 1.0, cnt.k(0)) / 2.0;
+    return {b.take_along(s[0], k, dim), b.take_along(s[1], k, dim)};
+  });
+  // unfold_backward(grad_in, input_sizes, dim, size, step): window element k
+  // of window w came from input position w * step + k.
+  reg("unfold_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = math_dtype(c);
+    Value g = b.convert(c.in(0), t);
+    const Shape& in = c.out(0).shape;
+    int64_t r = static_cast<int64_t>(in.size()), dim = wrap_dim(c.i64(2), std::max<int64_t>(r, 1));
+    int64_t size = c.i64(3), step = c.i64(4);
+    if (r == 0) return {b.reshape(g, {})};
+    int64_t windows = g.shape()[dim], n = in[dim];
+    Ex out(b, b.splat(0, Type{t, in}));
+    for (int64_t k = 0; k < size && windows > 0; ++k) {
+      Shape lo(g.rank(), 0), hi = g.shape();
+      lo[g.rank() - 1] = k;
+      hi[g.rank() - 1] = k + 1;
+      Value gk = b.reshape(b.slice(g, lo, hi, {}), Shape(g.shape().begin(), g.shape().end() - 1));
+      Shape plo(r, 0), phi(r, 0), pin(r, 0);
+      plo[dim] = k;
+      pin[dim] = step - 1;
+      phi[dim] = n - (k + (windows - 1) * step + 1);
+      out = out + Ex(b, b.pad(gk, b.constant(0, t), plo, phi, pin));
+    }
+    return {out};
+  });
+  // im2col(self, kernel_size, dilation, padding, stride): [N, C*kh*kw, L]
+  // with L the output positions, one strided slice of the padded input per
+  // kernel offset.
+  reg("im2col", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    bool batched = x.rank() == 4;
+    if (!batched)
+      x = b.reshape(x, [&] {
+        Shape s = x.shape();
+        s.insert(s.begin(), 1);
+        return s;
+      }());
+    auto k = c.ints(1), d = c.ints(2), p = c.ints(3), st = c.ints(4);
+    int64_t n = x.shape()[0], ch = x.shape()[1], h = x.shape()[2], w = x.shape()[3];
+    int64_t oh = (h + 2 * p[0] - d[0] * (k[0] - 1) - 1) / st[0] + 1;
+    int64_t ow = (w + 2 * p[1] - d[1] * (k[1] - 1) - 1) / st[1] + 1;
+    Value xp =
+        b.pad(x, b.constant(0, x.dtype()), {0, 0, p[0], p[1]}, {0, 0, p[0], p[1]}, {0, 0, 0, 0});
+    std::vector<Value> cols;
+    for (int64_t i = 0; i < k[0]; ++i)
+      for (int64_t j = 0; j < k[1]; ++j) {
+        Shape lo{0, 0, i * d[0], j * d[1]};
+        Shape hi{n, ch, i * d[0] + (oh - 1) * st[0] + 1, j * d[1] + (ow - 1) * st[1] + 1};
+        cols.push_back(b.reshape(b.slice(xp, lo, hi, {1, 1, st[0], st[1]}), {n, ch, 1, oh * ow}));
+      }
+    Value out =
+        cols.empty() ? b.splat(0, Type{x.dtype(), {n, ch, 0, oh * ow}}) : b.concatenate(cols, 2);
+    return {b.reshape(out, c.out(0).shape)};
+  });
+  // col2im(self, output_size, kernel_size, dilation, padding, stride): the
+  // adjoint of im2col, each kernel offset's block added back where it came from.
+  reg("col2im", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = math_dtype(c);
+    Value x = b.convert(c.in(0), t);
+    if (x.rank() == 2) x = b.reshape(x, {1, x.shape()[0], x.shape()[1]});
+    auto o = c.ints(1), k = c.ints(2), d = c.ints(3), p = c.ints(4), st = c.ints(5);
+    int64_t n = x.shape()[0], ch = x.shape()[1] / (k[0] * k[1]);
+    int64_t hp = o[0] + 2 * p[0], wp = o[1] + 2 * p[1];
+    int64_t oh = (hp - d[0] * (k[0] - 1) - 1) / st[0] + 1,
+            ow = (wp - d[1] * (k[1] - 1) - 1) / st[1] + 1;
+    Value blocks = b.reshape(x, {n, ch, k[0], k[1], oh, ow});
+    Ex acc(b, b.splat(0, Type{t, {n, ch, hp, wp}}));
+    for (int64_t i = 0; i < k[0] && oh > 0 && ow > 0; ++i)
+      for (int64_t j = 0; j < k[1]; ++j) {
+        Value blk =
+            b.reshape(b.slice(blocks, {0, 0, i, j, 0, 0}, {n, ch, i + 1, j + 1, oh, ow}, {}),
+                      {n, ch, oh, ow});
+        Shape lo{0, 0, i * d[0], j * d[1]};
+        Shape hi{0, 0, hp - (i * d[0] + (oh - 1) * st[0] + 1),
+                 wp - (j * d[1] + (ow - 1) * st[1] + 1)};
+        acc = acc + Ex(b, b.pad(blk, b.constant(0, t), lo, hi, {0, 0, st[0] - 1, st[1] - 1}));
+      }
+    return {b.slice(acc.v, {0, 0, p[0], p[1]}, {n, ch, p[0] + o[0], p[1] + o[1]}, {})};
+  });
+  // rrelu_with_noise(self, noise(b!), lower, upper, training, generator?):
+  // training draws a slope in [lower, upper) per negative element (recorded
+  // in noise); eval uses the mean slope.
+  reg("rrelu_with_noise", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = math_dtype(c);
+    Ex x = in_as(c, 0, t);
+    Ex lo(b, c.scalar(2, t)), hi(b, c.scalar(3, t));
+    Ex neg = x.cmp(Cmp::LT, x.k(0));
+    if (!c.flag(4)) return {where(neg, x * ((lo + hi) / 2.0), x)};
+    int64_t n = x.v.type.numel();
+    Value bits = b.rng_bit_generator(c.rng_state(n), Type{DType::U32, x.v.shape()}).second;
+    bits = b.binary("shift_right_logical", bits, b.splat(8, bits.type));
+    Ex u = Ex(b, b.convert(b.convert(bits, DType::F32), t)) * std::ldexp(1.0, -24);
+    Ex slope = where(neg, lo + (hi - lo) * u, x.k(1));
+    c.update(1, slope);
+    return {x * slope};
+  });
+  // (grad_output, self, noise, lower, upper, training, self_is_result)
+  reg("rrelu_with_noise_backward", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex g = in_as(c, 0, t), x = in_as(c, 1, t);
+    Ex lo(c.b, c.scalar(3, t)), hi(c.b, c.scalar(4, t));
+    if (c.flag(5)) return {g * in_as(c, 2, t)};
+    return {where(x.cmp(Cmp::LE, x.k(0)), g * ((lo + hi) / 2.0), g)};
+  });
+  // histc(self, bins, min, max): equal-width bins over [min, max] (the data's
+  // range when both are 0); values outside are ignored, max falls in the last.
+  reg("histc", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = math_dtype(c);
+    Ex x(b, b.reshape(b.convert(c.in(0), t), {c.in(0).type.numel()}));
+    int64_t bins = c.i64(1);
+    Ex lo(b, c.scalar(2, t)), hi(b, c.scalar(3, t));
+    if (x.v.shape()[0] > 0) {
+      Ex dmin(b, b.reduce(x.v, b.constant(INFINITY, t), {0}, Reducer::Min));
+      Ex dmax(b, b.reduce(x.v, b.constant(-INFINITY, t), {0}, Reducer::Max));
+      Ex same = lo.cmp(Cmp::EQ, hi);
+      lo = where(same, dmin, lo);
+      hi = where(same, dmax, hi);
+    }
+    Ex same = lo.cmp(Cmp::EQ, hi);
+    lo = where(same, lo - 1.0, lo);
+    hi = where(same, hi + 1.0, hi);
+    Ex pos = ((x - lo) * static_cast<double>(bins) / (hi - lo)).un("floor");
+    pos = where(x.cmp(Cmp::EQ, hi), pos.k(static_cast<double>(bins - 1)), pos);
+    Ex inside = x.cmp(Cmp::GE, lo).bin("and", x.cmp(Cmp::LE, hi));
+    Ex idx = where(inside, pos, pos.k(static_cast<double>(bins))).to(DType::I64);
+    Value ones = b.splat(1, Type{t, x.v.shape()});
+    return {b.scatter_flat(b.splat(0, Type{t, {bins}}), idx, ones, true)};
+  });
+  reg("_efficientzerotensor", [](Ctx& c) -> V { return {c.b.splat(0, c.out(0))}; });
+  reg("_embedding_bag_forward_only", alias("_embedding_bag"));
+}
+
+}  // namespace
+}  // namespace torchtpu::lower

@@ -1,0 +1,141 @@
+"""3-d and adaptive max pooling, max_unpool, batch-norm variants, eigh/SVD
+based ops and assorted ops (channel_shuffle, renorm, cummax/cummin,
+nanmedian, unfold's backward, im2col/col2im, histc, logcumsumexp) on tpu
+against PyTorch CPU: values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_tpu_close
+
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def _f(*shape):
+    return torch.randn(*shape).requires_grad_(True)
+
+
+def _spd(n):
+    a = torch.randn(n, n)
+    return (a @ a.T + torch.eye(n)).requires_grad_(True)
+
+
+# name -> (fn(*inputs), make() -> CPU inputs)
+CASES = {
+    "max_pool3d": (
+        lambda x: F.max_pool3d(x, 2, stride=(1, 2, 2), padding=1),
+        lambda: [_f(1, 2, 4, 5, 6)],
+    ),
+    "max_pool3d_indices": (
+        lambda x: F.max_pool3d(x, 3, stride=2, return_indices=True)[1],
+        lambda: [torch.randn(2, 1, 5, 6, 7)],
+    ),
+    "avg_pool3d": (
+        lambda x: F.avg_pool3d(x, 2, stride=1, padding=1, count_include_pad=False),
+        lambda: [_f(2, 3, 3, 4, 4)],
+    ),
+    "avg_pool3d_ceil": (
+        lambda x: F.avg_pool3d(x, 3, stride=2, ceil_mode=True),
+        lambda: [_f(1, 2, 5, 6, 7)],
+    ),
+    "adaptive_avg_pool3d": (
+        lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)),
+        lambda: [_f(2, 3, 5, 7, 6)],
+    ),
+    "adaptive_max_pool2d": (
+        lambda x: F.adaptive_max_pool2d(x, (3, 2), return_indices=True),
+        lambda: [_f(2, 3, 7, 5)],
+    ),
+    "adaptive_max_pool3d": (
+        lambda x: F.adaptive_max_pool3d(x, (2, 3, 2)),
+        lambda: [_f(1, 2, 5, 6, 4)],
+    ),
+    "adaptive_max_pool1d": (lambda x: F.adaptive_max_pool1d(x, 3), lambda: [_f(2, 3, 8)]),
+    "max_unpool2d": (
+        lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
+        lambda: [_f(2, 3, 4, 6)],
+    ),
+    "max_unpool3d": (
+        lambda x: F.max_unpool3d(*F.max_pool3d(x, 2, return_indices=True), 2),
+        lambda: [_f(1, 2, 4, 4, 6)],
+    ),
+    "batch_norm_train": (
+        lambda x, w, b: F.batch_norm(
+            x, torch.zeros(3, device=x.device), torch.ones(3, device=x.device), w, b, True
+        ),
+        lambda: [_f(4, 3, 5), _f(3), _f(3)],
+    ),
+    "channel_shuffle": (lambda x: F.channel_shuffle(x, 3), lambda: [_f(2, 6, 3, 2)]),
+    "renorm": (lambda x: torch.renorm(x, 2, 1, 0.8), lambda: [_f(3, 4, 5)]),
+    "renorm_inf": (lambda x: torch.renorm(x, float("inf"), 0, 0.5), lambda: [_f(3, 4)]),
+    "cummax": (lambda x: torch.cummax(x, 1), lambda: [_f(3, 6, 2)]),
+    "cummin_ties": (lambda x: torch.cummin(x.round(), 0), lambda: [_f(7, 3)]),
+    "nanmedian": (
+        lambda x: torch.nanmedian(torch.where(x > 1, float("nan"), x), dim=1),
+        lambda: [_f(4, 7)],
+    ),
+    "nanmedian_all": (
+        lambda x: torch.nanmedian(torch.where(x > 1, float("nan"), x)),
+        lambda: [_f(4, 7)],
+    ),
+    "unfold": (lambda x: x.unfold(1, 3, 2), lambda: [_f(2, 8, 3)]),
+    "im2col": (
+        lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)),
+        lambda: [_f(2, 3, 6, 7)],
+    ),
+    "col2im": (lambda x: F.fold(x, (5, 6), (2, 2), padding=1, stride=2), lambda: [_f(2, 12, 12)]),
+    "logcumsumexp": (lambda x: torch.logcumsumexp(x, 1), lambda: [_f(3, 5)]),
+    "histc": (lambda x: torch.histc(x, 7, -1.5, 2.0), lambda: [torch.randn(50)]),
+    "histc_auto_range": (lambda x: torch.histc(x, 5), lambda: [torch.randn(40)]),
+    "eigvalsh": (lambda a: torch.linalg.eigvalsh(a), lambda: [_spd(5)]),
+    "svdvals": (lambda a: torch.linalg.svdvals(a), lambda: [_f(2, 5, 3)]),
+    "pinv": (lambda a: torch.linalg.pinv(a), lambda: [_f(4, 3)]),
+    "matrix_rank": (
+        lambda a: torch.linalg.matrix_rank(a),
+        lambda: [torch.randn(4, 2) @ torch.randn(2, 5)],
+    ),
+}
+
+
+def _grads_of(r):
+    items = r if isinstance(r, (tuple, list)) else [r]
+    return [t for t in items if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pool_misc(name, eager):
+    fn, make = CASES[name]
+    inputs = make()
+    ref_in = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+    dev_in = [t.detach().to("tpu").requires_grad_(t.requires_grad) for t in inputs]
+    ref, out = fn(*ref_in), fn(*dev_in)
+    assert_tpu_close(out, ref, **TOL, equal_nan=True)
+    ro, do = _grads_of(ref), _grads_of(out)
+    wrt = [k for k, t in enumerate(inputs) if t.requires_grad]
+    if not ro or not wrt:
+        return
+    gs = [torch.randn(o.shape) for o in ro]
+    rg = torch.autograd.grad(ro, [ref_in[k] for k in wrt], gs)
+    dg = torch.autograd.grad(do, [dev_in[k] for k in wrt], [g.to("tpu") for g in gs])
+    assert_tpu_close(list(dg), list(rg), **TOL)
+
+
+def test_batch_norm_updates_running_stats(eager):
+    x = torch.randn(6, 3, 4)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    rm_d, rv_d = rm.to("tpu"), rv.to("tpu")
+    F.batch_norm(x, rm, rv, training=True, momentum=0.3)
+    F.batch_norm(x.to("tpu"), rm_d, rv_d, training=True, momentum=0.3)
+    assert_tpu_close(rm_d, rm)
+    assert_tpu_close(rv_d, rv)
+
+
+def test_rrelu_training_slopes_in_range(eager):
+    x = torch.randn(200).to("tpu")
+    y = F.rrelu(x, 0.1, 0.3, training=True).cpu()
+    xc = x.cpu()
+    slope = (y / xc)[xc < 0]
+    assert ((slope >= 0.1) & (slope <= 0.3)).all()
+    assert torch.equal(y[xc >= 0], xc[xc >= 0])
