@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <tuple>
+
 namespace torchtpu::aten {
 namespace {
 
@@ -12,6 +15,13 @@ void cum_helper_meta(const at::Tensor& self, at::Tensor& values, at::Tensor& ind
   indices.resize_(self.sizes());
 }
 at::Tensor logcumsumexp_meta(const at::Tensor& self, int64_t) { return at::empty_like(self); }
+std::tuple<at::Tensor, at::Tensor> geqrf_meta(const at::Tensor& self) {
+  TORCH_CHECK(self.dim() >= 2, "geqrf: input must have at least 2 dimensions.");
+  auto tau = self.sizes().vec();
+  tau.pop_back();
+  tau.back() = std::min(self.size(-2), self.size(-1));
+  return {at::empty_like(self), at::empty(tau, self.options())};
+}
 
 }  // namespace
 
@@ -19,6 +29,7 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("_cummax_helper", TORCH_FN(cum_helper_meta));
   m.impl("_cummin_helper", TORCH_FN(cum_helper_meta));
   m.impl("_logcumsumexp", TORCH_FN(logcumsumexp_meta));
+  m.impl("geqrf", TORCH_FN(geqrf_meta));
 }
 
 }  // namespace torchtpu::aten
