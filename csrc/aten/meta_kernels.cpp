@@ -4,7 +4,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace torchtpu::aten {
 namespace {
@@ -23,9 +26,36 @@ std::tuple<at::Tensor, at::Tensor> geqrf_meta(const at::Tensor& self) {
   return {at::empty_like(self), at::empty(tau, self.options())};
 }
 
+// linalg_lstsq's outputs as LAPACK's drivers fill them: residuals only when
+// m > n (and not gelsy), rank unless gels, singular values for gelsd/gelss.
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> lstsq_meta(
+    const at::Tensor& a, const at::Tensor& b, std::optional<double>,
+    std::optional<c10::string_view> driver_opt, at::Tensor& solution, at::Tensor& residuals,
+    at::Tensor& rank, at::Tensor& sv) {
+  TORCH_CHECK(a.dim() >= 2, "linalg.lstsq: input must have at least 2 dimensions.");
+  std::string driver = driver_opt ? std::string(*driver_opt) : "gelsy";
+  bool vec = b.dim() == a.dim() - 1;
+  int64_t m = a.size(-2), n = a.size(-1), k = vec ? 1 : b.size(-1);
+  auto batch =
+      at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - (vec ? 1 : 2)));
+  auto with = [&](std::initializer_list<int64_t> tail) {
+    std::vector<int64_t> s = batch;
+    s.insert(s.end(), tail);
+    return s;
+  };
+  solution.resize_(vec ? with({n}) : with({n, k}));
+  residuals.resize_(m > n && driver != "gelsy" ? (vec ? with({}) : with({k}))
+                                               : std::vector<int64_t>{0});
+  rank.resize_(driver != "gels" ? with({}) : std::vector<int64_t>{0});
+  sv.resize_(driver == "gelsd" || driver == "gelss" ? with({std::min(m, n)})
+                                                    : std::vector<int64_t>{0});
+  return {solution, residuals, rank, sv};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("linalg_lstsq.out", TORCH_FN(lstsq_meta));
   m.impl("_cummax_helper", TORCH_FN(cum_helper_meta));
   m.impl("_cummin_helper", TORCH_FN(cum_helper_meta));
   m.impl("_logcumsumexp", TORCH_FN(logcumsumexp_meta));

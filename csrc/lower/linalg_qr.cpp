@@ -120,7 +120,77 @@ Ex triu(const Ex& x) {
   return where(idx(b, s, -1).cmp(Cmp::GE, idx(b, s, -2)), x, x.k(0));
 }
 
+// Least squares for full-rank A [..., m, n] (LAPACK gels): QR of A when
+// m >= n, the minimum-norm solution through the QR of A^T otherwise.
+// Returns the solution [..., n, k] and the residual sums of squares [..., k].
+std::pair<Ex, Ex> lstsq(const Ex& a, const Ex& rhs) {
+  Builder& b = *a.b;
+  const Shape& s = a.v.shape();
+  int64_t m = s[s.size() - 2], n = s.back();
+  if (m >= n) {
+    auto [f, tau] = geqrf(a);
+    Ex qtb = Ex(b, matmul(b, swap_last(householder_q(f, tau)).v, rhs.v, a.v.dtype()));
+    Ex top = slice_last2(qtb, n, rhs.v.shape().back());
+    Ex x(b, b.triangular_solve(slice_last2(f, n, n).v, top.v, true, false, false, false));
+    Shape lo(qtb.v.rank(), 0);
+    lo[lo.size() - 2] = n;
+    Ex rest(b, b.slice(qtb.v, lo, qtb.v.shape(), Shape(lo.size(), 1)));
+    Ex res(b, reduce_sum(b, (rest * rest).v, {rest.v.rank() - 2}, false));
+    return {x, res};
+  }
+  auto [f, tau] = geqrf(swap_last(a));  // A^T = Q R, A = R^T Q^T
+  Ex y(b, b.triangular_solve(slice_last2(f, m, m).v, rhs.v, true, false, false, true));
+  Ex q = slice_last2(householder_q(f, tau), n, m);
+  return {Ex(b, matmul(b, q.v, y.v, a.v.dtype())), Ex(b, b.splat(0, Type{a.v.dtype(), {0}}))};
+}
+
 TPU_LOWERING(linalg_qr) {
+  // (A, B, rcond?, *, driver?) -> (solution, residuals, rank, singular_values)
+  reg("linalg_lstsq", [](Ctx& c) -> V {
+    DType t = compute_dtype(c.out(0).dtype);
+    Ex a(c.b, c.b.convert(c.in(0), t)), rhs(c.b, c.b.convert(c.in(1), t));
+    bool vec = rhs.v.rank() == a.v.rank() - 1;
+    if (vec) {
+      Shape s = rhs.v.shape();
+      s.push_back(1);
+      rhs = Ex(c.b, c.b.reshape(rhs.v, s));
+    }
+    Shape batch = broadcast_shapes(Shape(a.v.shape().begin(), a.v.shape().end() - 2),
+                                   Shape(rhs.v.shape().begin(), rhs.v.shape().end() - 2));
+    auto full = [&](const Ex& x) {
+      Shape s = batch;
+      s.push_back(x.v.shape()[x.v.rank() - 2]);
+      s.push_back(x.v.shape().back());
+      return Ex(c.b, broadcast_to(c.b, x.v, s));
+    };
+    if (a.v.type.numel() == 0 || rhs.v.type.numel() == 0)
+      return {c.b.splat(0, c.out(0)), c.b.splat(0, c.out(1)), c.b.splat(0, c.out(2)),
+              c.b.splat(0, c.out(3))};
+    auto [x, res] = lstsq(full(a), full(rhs));
+    Value r = c.out(1).numel() == res.v.type.numel() ? res.v : c.b.splat(0, c.out(1));
+    Value rank = c.b.splat(0, c.out(2));
+    if (c.out(2).numel() > 0) {
+      // Numerical rank from R's diagonal: |r_ii| > rcond * max |r_ii|.
+      const Shape& s = a.v.shape();
+      int64_t m = s[s.size() - 2], n = s.back();
+      Ex f = geqrf(m >= n ? a : swap_last(a)).first;
+      const Shape& fs = f.v.shape();
+      Ex d(c.b,
+           reduce_sum(c.b,
+                      where(idx(c.b, fs, -2).cmp(Cmp::EQ, idx(c.b, fs, -1)), f, f.k(0)).un("abs").v,
+                      {f.v.rank() - 2}, false));
+      int64_t last = d.v.rank() - 1;
+      Ex dmax(c.b, c.b.reduce(d.v, c.b.constant(0, t), {last}, hlo::Reducer::Max));
+      double rc =
+          c.is_none(2) ? 1.1920928955078125e-07 * static_cast<double>(std::max(m, n)) : c.f64(2);
+      Shape ds = dmax.v.shape();
+      ds.push_back(1);
+      Ex above = d.cmp(Cmp::GT, Ex(c.b, c.b.reshape(dmax.v, ds)) * rc);
+      rank = c.b.reduce(above.to(DType::I64).v, c.b.constant_int(0, DType::I64), {last},
+                        hlo::Reducer::Add);
+    }
+    return {x, r, rank, c.b.splat(0, c.out(3))};
+  });
   reg("geqrf", [](Ctx& c) -> V {
     auto [a, tau] = geqrf(Ex(c.b, c.b.convert(c.in(0), compute_dtype(c.out(0).dtype))));
     return {a, tau};

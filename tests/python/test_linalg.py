@@ -82,6 +82,14 @@ CASES.update(
         "qr_reduced_tall": (lambda a: LA.qr(a), lambda: [_g(torch.randn(2, 5, 3))]),
         "qr_complete_wide": (lambda a: LA.qr(a, mode="complete"), lambda: [_g(torch.randn(3, 5))]),
         "qr_r": (lambda a: LA.qr(a, mode="r")[1], lambda: [torch.randn(4, 4)]),
+        "lstsq_tall": (
+            lambda a, b: LA.lstsq(a, b, driver="gels").solution,
+            lambda: [_g(torch.randn(6, 3)), _g(torch.randn(6, 2))],
+        ),
+        "lstsq_wide_batch": (
+            lambda a, b: LA.lstsq(a, b).solution,
+            lambda: [_g(torch.randn(2, 3, 5)), _g(torch.randn(2, 3, 4))],
+        ),
         "geqrf": (lambda a: torch.geqrf(a), lambda: [torch.randn(5, 4)]),
         "householder_product": (
             lambda a, t: LA.householder_product(a, t),
