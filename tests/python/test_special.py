@@ -99,7 +99,7 @@ def test_orthogonal_polynomials(name, eager):
 
 @pytest.mark.parametrize(
     "name",
-    ["zeta", "nextafter", "logaddexp2", "heaviside", "xlog1py"],
+    ["zeta", "nextafter", "logaddexp2", "heaviside", "xlog1py", "igamma", "igammac"],
 )
 def test_special_binary(name, eager):
     a = torch.empty(5, 7).uniform_(-9, 9)
@@ -110,6 +110,8 @@ def test_special_binary(name, eager):
         "logaddexp2": torch.logaddexp2,
         "heaviside": lambda x, y: torch.heaviside(x.round(), y),
         "xlog1py": lambda x, y: S.xlog1py(x, y.abs()),
+        "igamma": lambda x, y: torch.igamma(x.abs() + 0.1, y.abs()),
+        "igammac": lambda x, y: torch.igammac(x.abs(), y.abs() * 2),
     }
     fn = fns[name]
     assert_tpu_close(fn(a.to("tpu"), b.to("tpu")), fn(a, b), rtol=2e-5, atol=1e-5, equal_nan=True)
