@@ -26,6 +26,16 @@ std::tuple<at::Tensor, at::Tensor> geqrf_meta(const at::Tensor& self) {
   return {at::empty_like(self), at::empty(tau, self.options())};
 }
 
+at::Tensor multi_margin_backward_meta(const at::Tensor&, const at::Tensor& self, const at::Tensor&,
+                                      const at::Scalar&, const at::Scalar&,
+                                      const std::optional<at::Tensor>&, int64_t) {
+  return at::empty_like(self);
+}
+at::Tensor multilabel_margin_backward_meta(const at::Tensor&, const at::Tensor& self,
+                                           const at::Tensor&, int64_t, const at::Tensor&) {
+  return at::empty_like(self);
+}
+
 // linalg_lstsq's outputs as LAPACK's drivers fill them: residuals only when
 // m > n (and not gelsy), rank unless gels, singular values for gelsd/gelss.
 std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> lstsq_meta(
@@ -60,6 +70,8 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("_cummin_helper", TORCH_FN(cum_helper_meta));
   m.impl("_logcumsumexp", TORCH_FN(logcumsumexp_meta));
   m.impl("geqrf", TORCH_FN(geqrf_meta));
+  m.impl("multi_margin_loss_backward", TORCH_FN(multi_margin_backward_meta));
+  m.impl("multilabel_margin_loss_backward", TORCH_FN(multilabel_margin_backward_meta));
 }
 
 }  // namespace torchtpu::aten

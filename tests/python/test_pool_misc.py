@@ -100,6 +100,30 @@ CASES = {
         lambda: [torch.randint(0, 8, (3, 5))],
     ),
     "isin_invert": (lambda x: torch.isin(x, 3, invert=True), lambda: [torch.randint(0, 5, (7,))]),
+    "multi_margin_p2_weight": (
+        lambda x, w: F.multi_margin_loss(
+            x, torch.tensor([0, 3, 1, 3], device=x.device), p=2, margin=0.7, weight=w
+        ),
+        lambda: [_f(4, 5), torch.rand(5)],
+    ),
+    "multi_margin_none": (
+        lambda x: F.multi_margin_loss(
+            x, torch.tensor([2, 0, 1], device=x.device), reduction="none"
+        ),
+        lambda: [_f(3, 4)],
+    ),
+    "multilabel_margin": (
+        lambda x: F.multilabel_margin_loss(
+            x, torch.tensor([[3, 0, -1, 1], [1, 2, 3, -1], [-1, 0, 0, 0]], device=x.device)
+        ),
+        lambda: [_f(3, 4)],
+    ),
+    "multilabel_margin_sum_1d": (
+        lambda x: F.multilabel_margin_loss(
+            x, torch.tensor([2, 4, -1, 0, 1], device=x.device), reduction="sum"
+        ),
+        lambda: [_f(5)],
+    ),
     "eigvalsh": (lambda a: torch.linalg.eigvalsh(a), lambda: [_spd(5)]),
     "svdvals": (lambda a: torch.linalg.svdvals(a), lambda: [_f(2, 5, 3)]),
     "pinv": (lambda a: torch.linalg.pinv(a), lambda: [_f(4, 3)]),
