@@ -36,6 +36,12 @@ at::Tensor multilabel_margin_backward_meta(const at::Tensor&, const at::Tensor& 
   return at::empty_like(self);
 }
 
+at::Tensor fractional_max_pool3d_backward_meta(const at::Tensor&, const at::Tensor& self,
+                                               at::IntArrayRef, at::IntArrayRef,
+                                               const at::Tensor&) {
+  return at::empty_like(self);
+}
+
 // linalg_lstsq's outputs as LAPACK's drivers fill them: residuals only when
 // m > n (and not gelsy), rank unless gels, singular values for gelsd/gelss.
 std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> lstsq_meta(
@@ -70,6 +76,7 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("_cummin_helper", TORCH_FN(cum_helper_meta));
   m.impl("_logcumsumexp", TORCH_FN(logcumsumexp_meta));
   m.impl("geqrf", TORCH_FN(geqrf_meta));
+  m.impl("fractional_max_pool3d_backward", TORCH_FN(fractional_max_pool3d_backward_meta));
   m.impl("multi_margin_loss_backward", TORCH_FN(multi_margin_backward_meta));
   m.impl("multilabel_margin_loss_backward", TORCH_FN(multilabel_margin_backward_meta));
 }

@@ -2,6 +2,7 @@
 // average and max, max_unpool) and their backward ops: reduce_window for fixed
 // windows, bin matrices and masked argmax for adaptive bins.
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,9 +104,13 @@ Value bin_matrix(Builder& b, int64_t out, int64_t in, DType t) {
   return m / Ex(b, b.reshape(len.v, {out, 1}));
 }
 
-// Adaptive max over the last nd dims, one dim at a time (max of maxes), with
+// Windowed max over the last nd dims, one dim at a time (max of maxes), with
 // the flat index of the winner: ties keep the first in row-major order.
-std::pair<Value, Value> adaptive_max(Builder& b, Value x, const Shape& out, int64_t nd) {
+// `window(j, o, n)` gives the bool membership of input positions in output
+// bins along dim j, [o, n] (mapped to dims {j, j+1}) or per plane [N, C, o, n].
+using WindowFn = std::function<Value(int64_t j, int64_t o, int64_t n)>;
+std::pair<Value, Value> window_max(Builder& b, Value x, const Shape& out, int64_t nd,
+                                   const WindowFn& window) {
   int64_t r = x.rank();
   Value idx = flat_position(b, x.shape(), nd);
   for (int64_t j = r - 1; j >= r - nd; --j) {
@@ -116,7 +121,10 @@ std::pair<Value, Value> adaptive_max(Builder& b, Value x, const Shape& out, int6
     std::vector<int64_t> dims;
     for (int64_t i = 0; i < r; ++i) dims.push_back(i < j ? i : i + 1);
     Value xb = b.broadcast_in_dim(x, big, dims), ib = b.broadcast_in_dim(idx, big, dims);
-    Value mask = b.broadcast_in_dim(bin_mask(b, o, n).v, big, {j, j + 1});
+    Value wm = window(j, o, n);
+    std::vector<int64_t> md = {j, j + 1};
+    if (wm.rank() == 4) md = {0, 1, j, j + 1};
+    Value mask = b.broadcast_in_dim(wm, big, md);
     Ex low(b, b.splat(-INFINITY, Type{x.dtype(), big}));
     Value masked = where(Ex(b, mask), Ex(b, xb), low);
     auto [m, a] = b.reduce_arg(masked, j + 1, true);
@@ -250,12 +258,58 @@ TPU_LOWERING(pooling) {
     // (self, output_size) -> (out, indices)
     reg(n, [nd](Ctx& c) -> V {
       Value x = c.b.convert(c.in(0), compute_dtype(c.out(0).dtype));
-      auto [m, i] = adaptive_max(c.b, x, c.out(0).shape, nd);
+      auto [m, i] = window_max(c.b, x, c.out(0).shape, nd, [&](int64_t, int64_t o, int64_t n) {
+        return bin_mask(c.b, o, n).v;
+      });
       return {m, i};
     });
     // (grad_output, self, indices)
     reg(n + "_backward", [nd](Ctx& c) -> V {
       return {scatter_by_index(c.b, c.in(0), c.in(2), c.in(1).shape(), nd,
+                               compute_dtype(c.out(0).dtype))};
+    });
+  }
+  // fractional_max_pool{2,3}d(self, kernel_size, output_size, random_samples):
+  // per plane, window i along a dim starts at floor((i + u) * alpha) -
+  // floor(u * alpha), alpha = (in - k) / (out - 1), the last at in - k; u is the
+  // plane's sample for that dim (the last spatial dim takes sample 0 in 2-d).
+  for (int64_t nd : {2, 3}) {
+    std::string n = "fractional_max_pool" + std::to_string(nd) + "d";
+    reg(n, [nd](Ctx& c) -> V {
+      Builder& b = c.b;
+      DType t = compute_dtype(c.out(0).dtype);
+      Value x = b.convert(c.in(0), t);
+      bool batched = x.rank() == nd + 2;
+      Shape os = c.out(0).shape;
+      if (!batched) {
+        Shape s = x.shape();
+        s.insert(s.begin(), 1);
+        x = b.reshape(x, s);
+        os.insert(os.begin(), 1);
+      }
+      auto k = c.ints(1);
+      Value u = b.convert(c.in(3), t);  // [N, C, nd]
+      int64_t r = x.rank(), planes_n = x.shape()[0], planes_c = x.shape()[1];
+      auto [m, i] = window_max(b, x, os, nd, [&](int64_t j, int64_t o, int64_t len) {
+        int64_t d = j - (r - nd), kk = k[d];
+        int64_t sample = nd == 2 ? 1 - d : d;
+        Value us = b.reshape(b.slice(u, {0, 0, sample}, {planes_n, planes_c, sample + 1}, {}),
+                             {planes_n, planes_c, 1});
+        Type it{DType::I64, {planes_n, planes_c, o, len}};
+        Ex oi(b, b.iota(Type{t, it.shape}, 2)), pos(b, b.iota(it, 3));
+        Ex ub(b, b.broadcast_in_dim(us, it.shape, {0, 1, 2}));
+        double alpha = o > 1 ? static_cast<double>(len - kk) / static_cast<double>(o - 1) : 0;
+        Ex start = ((oi + ub) * alpha).un("floor") - (ub * alpha).un("floor");
+        start = where(oi.cmp(Cmp::EQ, oi.k(static_cast<double>(o - 1))),
+                      oi.k(static_cast<double>(len - kk)), start);
+        Ex st = start.to(DType::I64);
+        return pos.cmp(Cmp::GE, st).bin("and", pos.cmp(Cmp::LT, st + static_cast<double>(kk))).v;
+      });
+      return {m, i};
+    });
+    // (grad_output, self, kernel_size, output_size, indices)
+    reg(n + "_backward", [nd](Ctx& c) -> V {
+      return {scatter_by_index(c.b, c.in(0), c.in(4), c.in(1).shape(), nd,
                                compute_dtype(c.out(0).dtype))};
     });
   }

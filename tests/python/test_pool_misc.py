@@ -124,6 +124,34 @@ CASES = {
         ),
         lambda: [_f(5)],
     ),
+    "fractional_max_pool2d": (
+        lambda x: torch.ops.aten.fractional_max_pool2d(
+            x, [2, 3], [3, 2], torch.tensor([[[0.3, 0.7], [0.9, 0.1]]], device=x.device)
+        ),
+        lambda: [_f(1, 2, 7, 6)],
+    ),
+    "fractional_max_pool3d": (
+        lambda x: torch.ops.aten.fractional_max_pool3d(
+            x, [2, 2, 2], [2, 3, 2], torch.tensor([[[0.3, 0.7, 0.5]]], device=x.device)
+        ),
+        lambda: [_f(1, 1, 5, 6, 5)],
+    ),
+    "segment_reduce_max_initial": (
+        lambda x: torch.segment_reduce(
+            x, "max", lengths=torch.tensor([0, 2, 3, 1], device=x.device), initial=0.5
+        ),
+        lambda: [_f(6, 2)],
+    ),
+    "segment_reduce_mean_offsets": (
+        lambda x: torch.segment_reduce(
+            x, "mean", offsets=torch.tensor([0, 1, 1, 4], device=x.device), axis=0
+        ),
+        lambda: [_f(4)],
+    ),
+    "segment_reduce_prod": (
+        lambda x: torch.segment_reduce(x, "prod", lengths=torch.tensor([3, 2], device=x.device)),
+        lambda: [_f(5)],
+    ),
     "eigvalsh": (lambda a: torch.linalg.eigvalsh(a), lambda: [_spd(5)]),
     "svdvals": (lambda a: torch.linalg.svdvals(a), lambda: [_f(2, 5, 3)]),
     "pinv": (lambda a: torch.linalg.pinv(a), lambda: [_f(4, 3)]),
@@ -132,6 +160,22 @@ CASES = {
         lambda: [torch.randn(4, 2) @ torch.randn(2, 5)],
     ),
 }
+
+
+@pytest.mark.parametrize("pad", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("align", [True, False])
+def test_grid_sample(pad, mode, align, eager):
+    x, g = torch.randn(2, 3, 5, 6), torch.rand(2, 4, 3, 2) * 2.6 - 1.3
+    xr, gr = x.clone().requires_grad_(True), g.clone().requires_grad_(True)
+    xd, gd = x.to("tpu").requires_grad_(True), g.to("tpu").requires_grad_(True)
+    ref = F.grid_sample(xr, gr, mode=mode, padding_mode=pad, align_corners=align)
+    out = F.grid_sample(xd, gd, mode=mode, padding_mode=pad, align_corners=align)
+    assert_tpu_close(out, ref, **TOL)
+    go = torch.randn(ref.shape)
+    rg = torch.autograd.grad(ref, [xr, gr], go)
+    dg = torch.autograd.grad(out, [xd, gd], go.to("tpu"))
+    assert_tpu_close(list(dg), list(rg), **TOL)
 
 
 def _grads_of(r):
