@@ -32,6 +32,7 @@ at::Tensor tpu_masked_select(const at::Tensor& self, const at::Tensor& mask) {
               mask.scalar_type());
   auto shape = at::infer_size(self.sizes(), mask.sizes());
   at::Tensor pos = true_positions(mask.expand(shape));
+  if (pos.numel() == 0) return at::empty({0}, self.options());
   return self.expand(shape).reshape({-1}).index_select(0, pos);
 }
 at::Tensor& masked_select_out(const at::Tensor& self, const at::Tensor& mask, at::Tensor& out) {

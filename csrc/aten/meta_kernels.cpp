@@ -42,6 +42,17 @@ at::Tensor fractional_max_pool3d_backward_meta(const at::Tensor&, const at::Tens
   return at::empty_like(self);
 }
 
+std::tuple<at::Tensor, at::Tensor> histogram_bin_ct_meta(const at::Tensor& self, int64_t bins,
+                                                         std::optional<at::ArrayRef<double>>,
+                                                         const std::optional<at::Tensor>&, bool) {
+  return {at::empty({bins}, self.options()), at::empty({bins + 1}, self.options())};
+}
+std::tuple<at::Tensor, at::Tensor> histogram_bins_meta(const at::Tensor& self,
+                                                       const at::Tensor& bins,
+                                                       const std::optional<at::Tensor>&, bool) {
+  return {at::empty({bins.numel() - 1}, self.options()), at::empty({bins.numel()}, self.options())};
+}
+
 // linalg_lstsq's outputs as LAPACK's drivers fill them: residuals only when
 // m > n (and not gelsy), rank unless gels, singular values for gelsd/gelss.
 std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> lstsq_meta(
@@ -76,6 +87,8 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("_cummin_helper", TORCH_FN(cum_helper_meta));
   m.impl("_logcumsumexp", TORCH_FN(logcumsumexp_meta));
   m.impl("geqrf", TORCH_FN(geqrf_meta));
+  m.impl("histogram.bin_ct", TORCH_FN(histogram_bin_ct_meta));
+  m.impl("histogram.bins_tensor", TORCH_FN(histogram_bins_meta));
   m.impl("fractional_max_pool3d_backward", TORCH_FN(fractional_max_pool3d_backward_meta));
   m.impl("multi_margin_loss_backward", TORCH_FN(multi_margin_backward_meta));
   m.impl("multilabel_margin_loss_backward", TORCH_FN(multilabel_margin_backward_meta));

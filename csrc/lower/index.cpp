@@ -232,9 +232,14 @@ TPU_LOWERING(index_ops) {
   // searchsorted.Tensor(sorted_sequence, self, *, out_int32, right, side?, sorter?):
   // the insertion point is how many sequence entries sort before each value.
   reg("searchsorted.Tensor", [](Ctx& c) -> V {
-    if (!c.is_none(5)) throw hlo::BuildError("[lower] searchsorted: sorter is not supported");
     bool right = c.flag(3) || (!c.is_none(4) && c.arg(4).toStringRef() == "right");
-    return {insertion_points(c.b, c.in(0), c.in(1), right)};
+    if (c.out(0).numel() == 0 || c.in(0).type.numel() == 0) return {c.b.splat(0, c.out(0))};
+    Value seq = c.in(0);
+    if (!c.is_none(5)) {  // sorter: the sequence in the order it gives
+      Value srt = wrap_index(c.b, c.in(5), seq.shape().back());
+      seq = c.b.take_along(seq, srt, seq.rank() - 1);
+    }
+    return {insertion_points(c.b, seq, c.in(1), right)};
   });
   // bucketize.Tensor(self, boundaries, *, out_int32, right)
   reg("bucketize.Tensor",

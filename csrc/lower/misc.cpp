@@ -107,6 +107,29 @@ std::pair<Ex, Ex> pair_positions(Builder& b, int64_t n) {
   return {up, pos};
 }
 
+// torch.histogram over flat x with bin edges [nb + 1] (the last bin closed on
+// the right): optional per-element weights, optionally as a density.
+Ex histogram_counts(Builder& b, const Ex& x, const Ex& edges, const Ex* weight, bool density) {
+  int64_t n = x.v.shape()[0], nb = edges.v.shape()[0] - 1;
+  DType t = x.v.dtype();
+  Ex e0(b, b.reshape(b.slice(edges.v, {0}, {1}, {}), {})),
+      el(b, b.reshape(b.slice(edges.v, {nb}, {nb + 1}, {}), {}));
+  Ex below(b, b.broadcast_in_dim(edges.v, {n, nb + 1}, {1}));
+  Ex xb(b, b.broadcast_in_dim(x.v, {n, nb + 1}, {0}));
+  Ex cnt(b, reduce_sum(b, below.cmp(Cmp::LE, xb).to(DType::I64).v, {1}, false));
+  Ex pos = cnt - 1.0;
+  pos = where(x.cmp(Cmp::EQ, el), pos.k(static_cast<double>(nb - 1)), pos);
+  Ex inside = x.cmp(Cmp::GE, e0).bin("and", x.cmp(Cmp::LE, el));
+  Ex idx = where(inside, pos, pos.k(static_cast<double>(nb)));
+  Value w = weight ? weight->v : b.splat(1, Type{t, {n}});
+  Ex h(b, b.scatter_flat(b.splat(0, Type{t, {nb}}), idx.v, w, true));
+  if (!density) return h;
+  Ex widths(b, b.slice(edges.v, {1}, {nb + 1}, {}));
+  widths = widths - Ex(b, b.slice(edges.v, {0}, {nb}, {}));
+  Ex total(b, b.reduce(h.v, b.constant(0, t), {0}, Reducer::Add));
+  return h / (total * widths);
+}
+
 TPU_LOWERING(misc_ops) {
   // (self, groups): [N, g, C/g, ...] -> [N, C/g, g, ...].
   for (const char* n : {"channel_shuffle", "native_channel_shuffle"}) {
@@ -367,6 +390,117 @@ TPU_LOWERING(misc_ops) {
       Value any = b.reduce(hit.v, b.constant(0, DType::Bool), {static_cast<int64_t>(es.size()) - 1},
                            Reducer::Or);
       return {c.flag(3) ? b.unary("not", any) : any};
+    });
+  }
+  // mode(self, dim, keepdim) -> (values, indices): the value of the longest
+  // run of equals after sorting (the smallest on ties), with the original
+  // index of its last element in the stable sort.
+  reg("mode", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = at_least_1d(b, c.in(0));
+    int64_t r = x.rank(), dim = wrap_dim(c.i64(1), r), n = x.shape()[dim];
+    auto s = b.sort({x, b.iota(Type{DType::I64, x.shape()}, dim)}, dim, false);
+    Ex sv(b, s[0]);
+    // count[i] = how many sorted entries equal entry i ([.., i, j, ..] pairs).
+    Shape big = x.shape();
+    big.insert(big.begin() + dim + 1, n);
+    std::vector<int64_t> di, dj;
+    for (int64_t k = 0; k < r; ++k) {
+      di.push_back(k <= dim ? k : k + 1);
+      dj.push_back(k < dim ? k : k + 1);
+    }
+    Ex si(b, b.broadcast_in_dim(sv.v, big, di)), sj(b, b.broadcast_in_dim(sv.v, big, dj));
+    Ex cnt(b, reduce_sum(b, si.cmp(Cmp::EQ, sj).to(DType::I64).v, {dim + 1}, false));
+    // Only a run's last entry scores.
+    Ex pos(b, b.iota(Type{DType::I64, x.shape()}, dim));
+    Shape lo(r, 0), hi = x.shape();
+    lo[dim] = 1;
+    Ex next(b, b.concatenate({b.slice(sv.v, lo, hi, {}), b.slice(sv.v, Shape(r, 0),
+                                                                 [&] {
+                                                                   Shape h = x.shape();
+                                                                   h[dim] = 1;
+                                                                   return h;
+                                                                 }(),
+                                                                 {})},
+                             dim));
+    Ex last = pos.cmp(Cmp::EQ, pos.k(static_cast<double>(n - 1))).bin("or", sv.cmp(Cmp::NE, next));
+    Ex score = where(last, cnt, cnt.k(0));
+    Value at = b.reduce_arg(score.v, dim, true).second;
+    Shape ks = x.shape();
+    ks[dim] = 1;
+    Value k = b.reshape(at, ks);
+    return {b.take_along(s[0], k, dim), b.take_along(s[1], k, dim)};
+  });
+  // linalg_matrix_exp: Taylor series (degree 18, f64) of A / 2^s with
+  // ||A / 2^s||_inf <= 1/2, then s squarings (per matrix, in a while loop).
+  reg("linalg_matrix_exp", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_dtype(c.out(0).dtype);
+    Ex a(b, b.convert(c.in(0), DType::F64));
+    const Shape& s = a.v.shape();
+    int64_t r = a.v.rank();
+    if (a.v.type.numel() == 0) return {b.splat(0, c.out(0))};
+    Ex rows(b, b.iota(Type{DType::I64, s}, r - 2)), cols(b, b.iota(Type{DType::I64, s}, r - 1));
+    Ex eye = where(rows.cmp(Cmp::EQ, cols), a.k(1), a.k(0));
+    Ex rowsum(b, reduce_sum(b, a.un("abs").v, {r - 1}, true));
+    Ex nrm(b, b.reduce(rowsum.v, b.constant(0, DType::F64), {r - 2}, Reducer::Max));
+    Shape ns = nrm.v.shape();
+    ns.push_back(1);
+    nrm = Ex(b, b.reshape(nrm.v, ns));  // [..., 1, 1]
+    Ex sq = maximum((nrm.un("log") * (1.0 / std::log(2.0))).un("ceil") + 1.0, nrm.k(0));
+    sq = minimum(sq, sq.k(1100));
+    Ex x = a / sq.k(2).bin("power", sq);
+    Ex e = eye;
+    for (int k = 18; k >= 1; --k)
+      e = eye + Ex(b, matmul(b, x.v, e.v, DType::F64)) / static_cast<double>(k);
+    Ex smax(b,
+            b.reduce(sq.v, b.constant(0, DType::F64), reduce_dims({}, sq.v.rank()), Reducer::Max));
+    std::vector<Value> out = b.while_loop(
+        {b.constant(0, DType::F64), e.v},
+        [&](const V& st) { return Ex(b, st[0]).cmp(Cmp::LT, smax).v; },
+        [&](const V& st) {
+          Ex j(b, st[0]), m(b, st[1]);
+          Ex m2(b, matmul(b, m.v, m.v, DType::F64));
+          return V{(j + 1.0).v, where(j.cmp(Cmp::LT, sq), m2, m).v};
+        });
+    return {b.convert(out[1], t)};
+  });
+  // histogram.bin_ct(self, bins, *, range?, weight?, density) / histogram.bins_tensor(
+  // self, bins, *, weight?, density) -> (hist, bin_edges)
+  for (const char* name : {"histogram.bin_ct", "histogram.bins_tensor"}) {
+    bool given = std::string(name) == "histogram.bins_tensor";
+    reg(name, [given](Ctx& c) -> V {
+      Builder& b = c.b;
+      DType t = math_dtype(c);
+      Ex x(b, b.reshape(b.convert(c.in(0), t), {c.in(0).type.numel()}));
+      int w_arg = given ? 2 : 3, d_arg = given ? 3 : 4;
+      Ex edges = x;
+      if (given) {
+        edges = Ex(b, b.reshape(b.convert(c.in(1), t), {c.in(1).type.numel()}));
+      } else {
+        int64_t nb = c.i64(1);
+        Ex lo(b, b.constant(0, t)), hi = lo;
+        if (!c.is_none(2)) {
+          auto r = c.arg(2).toDoubleVector();
+          lo = Ex(b, b.constant(r[0], t));
+          hi = Ex(b, b.constant(r[1], t));
+        } else if (x.v.shape()[0] > 0) {
+          lo = Ex(b, b.reduce(x.v, b.constant(INFINITY, t), {0}, Reducer::Min));
+          hi = Ex(b, b.reduce(x.v, b.constant(-INFINITY, t), {0}, Reducer::Max));
+        }
+        Ex same = lo.cmp(Cmp::EQ, hi);
+        lo = where(same, lo - 0.5, lo);
+        hi = where(same, hi + 0.5, hi);
+        // linspace(lo, hi, nb + 1) as torch computes it (from both ends).
+        Ex i(b, b.iota(Type{t, {nb + 1}}, 0));
+        Ex step = (hi - lo) / static_cast<double>(nb);
+        Ex half = i.cmp(Cmp::LT, i.k(static_cast<double>((nb + 1) / 2)));
+        edges = where(half, lo + step * i, hi - step * (static_cast<double>(nb) - i));
+      }
+      Ex wv = x;
+      bool has_w = !c.is_none(w_arg);
+      if (has_w) wv = Ex(b, b.reshape(b.convert(c.in(w_arg), t), {x.v.shape()[0]}));
+      return {histogram_counts(b, x, edges, has_w ? &wv : nullptr, c.flag(d_arg)), edges};
     });
   }
   reg("_efficientzerotensor", [](Ctx& c) -> V { return {c.b.splat(0, c.out(0))}; });

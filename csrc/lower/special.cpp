@@ -260,6 +260,42 @@ Ex y_(const Ex& x, int nu) {
   return where(lt(x, 0), x.k(NAN), r);
 }
 
+// Airy Ai (f64): Maclaurin series on [-10, 7], the asymptotic expansions
+// beyond (exponentially small on the right, oscillating on the left).
+Ex airy_ai_(const Ex& x) {
+  const double c1 = 0.355028053887817239, c2 = 0.258819403792806798;
+  Ex x3 = x * x * x;
+  Ex tf = x.k(1), tg = x, f = tf, g = tg;
+  for (int k = 1; k <= 40; ++k) {
+    tf = tf * x3 / (3.0 * k * (3.0 * k - 1));
+    tg = tg * x3 / ((3.0 * k + 1) * (3.0 * k));
+    f = f + tf;
+    g = g + tg;
+  }
+  Ex series = c1 * f - c2 * g;
+  std::vector<double> u = {1.0};
+  for (int k = 1; k < 16; ++k)
+    u.push_back(u.back() * (6.0 * k - 5) * (6.0 * k - 3) * (6.0 * k - 1) /
+                ((2.0 * k - 1) * 216 * k));
+  Ex a = x.un("abs");
+  Ex zeta = a * a.un("sqrt") * (2.0 / 3.0);
+  Ex iz = 1.0 / zeta;
+  Ex sr = x.k(0), p = x.k(0), q = x.k(0);
+  for (int k = 15; k >= 0; --k) sr = sr * -iz + u[k];
+  for (int k = 7; k >= 0; --k) {
+    double sign = k % 2 ? -1.0 : 1.0;
+    p = p * iz * iz + sign * u[2 * k];
+    q = q * iz * iz + sign * u[2 * k + 1];
+  }
+  q = q * iz;
+  Ex quarter = a.un("sqrt").un("sqrt");
+  Ex right = (-zeta).un("exponential") * sr / (2.0 * std::sqrt(kPi) * quarter);
+  Ex ph = zeta + kPi / 4;
+  Ex left = (ph.un("sine") * p - ph.un("cosine") * q) / (std::sqrt(kPi) * quarter);
+  Ex r = where(gt(x, 7), right, where(lt(x, -10), left, series));
+  return where(eq(x, INFINITY), x.k(0), where(eq(x, -INFINITY), x.k(0), r));
+}
+
 // ---- orthogonal polynomials p_n(x), n truncated to an integer as torch.
 
 // Runs p_{j+1} = step(j, p_{j-1}, p_j) for j = 1 .. n-1 from p_0 = 1 and p1,
@@ -366,6 +402,7 @@ TPU_LOWERING(special_bessel) {
         f64([](Ex x) { return flip_sign(is_neg(x), bessel_j(x.un("abs"), 1)); }));
   unary("special_bessel_y0", f64([](Ex x) { return y_(x, 0); }));
   unary("special_bessel_y1", f64([](Ex x) { return y_(x, 1); }));
+  unary("special_airy_ai", f64(airy_ai_));
   unary("special_spherical_bessel_j0", [](Ex x) {
     Ex r = x.un("sine") / x;
     r = where(eq(x, 0), x.k(1), r);

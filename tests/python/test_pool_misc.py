@@ -152,6 +152,25 @@ CASES = {
         lambda x: torch.segment_reduce(x, "prod", lengths=torch.tensor([3, 2], device=x.device)),
         lambda: [_f(5)],
     ),
+    "mode_distinct": (lambda x: torch.mode(x, 1), lambda: [torch.randn(3, 6, 2)]),
+    "mode_ties_values": (
+        lambda x: torch.mode(x, -1).values,
+        lambda: [torch.randint(0, 3, (4, 7)).float()],
+    ),
+    "matrix_exp": (lambda a: torch.linalg.matrix_exp(a), lambda: [_f(2, 4, 4)]),
+    "searchsorted_sorter": (
+        lambda s, v: torch.searchsorted(s, v, sorter=torch.argsort(s)),
+        lambda: [torch.randn(7), torch.randn(3, 4)],
+    ),
+    "histogram": (lambda x: torch.histogram(x, 6), lambda: [torch.randn(40)]),
+    "histogram_range_density_weight": (
+        lambda x, w: torch.histogram(x, 5, range=(-1.0, 1.5), weight=w, density=True),
+        lambda: [torch.randn(30), torch.rand(30)],
+    ),
+    "histogram_edges": (
+        lambda x: torch.histogram(x, torch.tensor([-2.0, -0.5, 0.0, 0.3, 2.0], device=x.device)),
+        lambda: [torch.randn(25)],
+    ),
     "eigvalsh": (lambda a: torch.linalg.eigvalsh(a), lambda: [_spd(5)]),
     "svdvals": (lambda a: torch.linalg.svdvals(a), lambda: [_f(2, 5, 3)]),
     "pinv": (lambda a: torch.linalg.pinv(a), lambda: [_f(4, 3)]),

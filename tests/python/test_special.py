@@ -42,6 +42,7 @@ UNARY = {
     "y0": (S.bessel_y0, _pos, False),
     "y1": (S.bessel_y1, _pos, False),
     "spherical_j0": (S.spherical_bessel_j0, _wide, False),
+    "airy_ai": (S.airy_ai, lambda *s: _wide(*s) * 1.4, False),
     "angle": (torch.angle, _wide, False),
     "sinc": (torch.sinc, _wide, True),
     "entr": (S.entr, _wide, True),
