@@ -24,7 +24,8 @@ std::string decimal(double v, int digits) {
   // MLIR float literals need a '.' in the mantissa: "1e+09" -> "1.0e+09".
   size_t e = s.find('e');
   std::string mantissa = s.substr(0, e);
-  if (mantissa.find('.') == std::string::npos) s.insert(e == std::string::npos ? s.size() : e, ".0");
+  if (mantissa.find('.') == std::string::npos)
+    s.insert(e == std::string::npos ? s.size() : e, ".0");
   return s;
 }
 
@@ -290,6 +291,51 @@ Value Builder::unary(const char* opname, Value x) {
   Type out = x.type;
   if (std::string_view(opname) == "is_finite") out.dtype = DType::Bool;
   return op(opname, {x}, "", out);
+}
+
+std::vector<Value> Builder::while_loop(const std::vector<Value>& init,
+                                       const std::function<Value(const std::vector<Value>&)>& cond,
+                                       const Body& body) {
+  std::vector<Type> types;
+  for (const Value& v : init) types.push_back(v.type);
+  std::string c = region(types, [&](const std::vector<Value>& a) {
+    Value p = cond(a);
+    if (!(p.type == Type{DType::Bool, {}})) fail("while", "condition must be tensor<i1>");
+    return std::vector<Value>{p};
+  });
+  std::string d = region(types, [&](const std::vector<Value>& a) {
+    std::vector<Value> next = body(a);
+    if (next.size() != types.size()) fail("while", "body returns the wrong number of values");
+    for (size_t i = 0; i < next.size(); ++i)
+      if (!(next[i].type == types[i]))
+        fail("while", "body value " + std::to_string(i) + " is " + next[i].type.str() +
+                          ", carried as " + types[i].str());
+    return next;
+  });
+  // region() gives "({...})"; the op takes both regions in one list.
+  std::string regions = c.substr(0, c.size() - 1) + ", " + d.substr(1);
+  return emit_multi(generic("while", init, "", types, regions), types);
+}
+
+Value Builder::triangular_solve(Value a, Value b, bool left_side, bool lower, bool unit_diagonal,
+                                bool transpose_a) {
+  if (a.rank() < 2 || a.rank() != b.rank()) fail("triangular_solve", "rank mismatch");
+  auto flag = [](bool v) { return v ? std::string("true") : std::string("false"); };
+  std::string attrs = "left_side = " + flag(left_side) + ", lower = " + flag(lower) +
+                      ", unit_diagonal = " + flag(unit_diagonal) +
+                      ", transpose_a = #stablehlo<transpose " +
+                      (transpose_a ? "TRANSPOSE" : "NO_TRANSPOSE") + ">";
+  return op("triangular_solve", {a, b}, attrs, b.type);
+}
+
+Value Builder::cholesky(Value a, bool lower) {
+  if (a.rank() < 2) fail("cholesky", "rank < 2");
+  return op("cholesky", {a}, lower ? "lower = true" : "lower = false", a.type);
+}
+
+Value Builder::chlo(const char* opname, const std::vector<Value>& args, const Type& out) {
+  std::string s = generic(opname, args, "", {out});
+  return emit("\"chlo." + s.substr(std::string_view("\"stablehlo.").size()), out);
 }
 
 Value Builder::binary(const char* opname, Value a, Value b) {

@@ -65,7 +65,10 @@ class Builder {
   Value compare(Cmp dir, Value a, Value b);  // compare type picked from dtype
   Value select(Value pred, Value on_true, Value on_false);
   Value clamp(Value lo, Value x, Value hi);
-  Value convert(Value x, DType to);          // no-op when dtype already matches
+  Value convert(Value x, DType to);  // no-op when dtype already matches
+  // A CHLO op ("lgamma", "digamma", "polygamma", "zeta", ...) that the plugin
+  // legalizes to StableHLO itself; operands of identical shapes.
+  Value chlo(const char* op, const std::vector<Value>& args, const Type& out);
   Value bitcast_convert(Value x, DType to);  // same itemsize only
   // Reinterprets the bytes of a rank-1 value as another dtype (any element
   // sizes; bool is read as one byte per element). Length scales accordingly.
@@ -94,6 +97,13 @@ class Builder {
   Value dot_general(Value lhs, Value rhs, const std::vector<int64_t>& lhs_batch,
                     const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
                     const std::vector<int64_t>& rhs_contract, DType out);
+
+  // Solves op(a) x = b (left) or x op(a) = b for triangular a [..., n, n]
+  // (batch dims equal to b's); op transposes when `transpose_a`.
+  Value triangular_solve(Value a, Value b, bool left_side, bool lower, bool unit_diagonal,
+                         bool transpose_a);
+  // Cholesky factor of a [..., n, n]; only the chosen triangle is defined.
+  Value cholesky(Value a, bool lower);
 
   // --- convolution and windows (builder_conv.cpp)
   // stablehlo.convolution on NC(D)HW input, OI(D)HW kernel, NC(D)HW output.
@@ -124,6 +134,15 @@ class Builder {
   Value gather_flat(Value x, Value positions);
   Value scatter_flat(Value x, Value positions, Value updates, bool add);
 
+  // --- control flow
+  using Body = std::function<std::vector<Value>(const std::vector<Value>&)>;
+  // stablehlo.while over loop-carried `init`: `cond` maps the carried values
+  // to a tensor<i1>, `body` to their next values (same types). The regions may
+  // use values defined outside.
+  std::vector<Value> while_loop(const std::vector<Value>& init,
+                                const std::function<Value(const std::vector<Value>&)>& cond,
+                                const Body& body);
+
   // --- other
   // Sort along dim; returns the sorted operands (first is the key). Stable.
   std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool descending);
@@ -143,7 +162,6 @@ class Builder {
   int next_id_ = 0;
 
   // --- additive private helpers (builder.cpp / builder_index.cpp)
-  using Body = std::function<std::vector<Value>(const std::vector<Value>&)>;
   Value new_value(std::string name, const Type& type);
   std::vector<Value> emit_multi(const std::string& rhs, const std::vector<Type>& types);
   // Generic form: "stablehlo.<op>"(args) <region> {attrs} : (arg types) -> results.

@@ -97,6 +97,24 @@ TPU_LOWERING(creation_ranges) {
     if (!is_float(o.dtype)) v = v.un("floor");
     return {v};
   });
+  // (start, end, steps, base): base ** linspace(start, end, steps), in the
+  // output's float dtype as torch does (f64 for integer outputs).
+  reg("logspace.out", [](Ctx& c) -> V {
+    const Type& o = c.out(0);
+    int64_t steps = c.i64(2);
+    DType t = is_float(o.dtype) ? compute_dtype(o.dtype) : DType::F64;
+    Ex start(c.b, c.scalar(0, t)), end(c.b, c.scalar(1, t));
+    Ex e(c.b, broadcast_to(c.b, start, o.shape));
+    if (steps > 1) {
+      Ex i(c.b, c.b.iota(Type{t, o.shape}, 0));
+      Ex step = (end - start) / static_cast<double>(steps - 1);
+      Ex half = i.cmp(Cmp::LT, i.k(static_cast<double>(steps / 2)));
+      e = where(half, start + step * i, end - step * (static_cast<double>(steps - 1) - i));
+    }
+    Ex v = e.k(c.f64(3)).bin("power", e);
+    if (!is_float(o.dtype)) v = v.un("floor");
+    return {v};
+  });
   for (const char* n : {"eye.out", "eye.m_out"}) {
     reg(n, [](Ctx& c) -> V {
       const Type& o = c.out(0);

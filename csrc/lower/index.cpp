@@ -111,6 +111,44 @@ Value index_put(Builder& b, Value x, const std::vector<Value>& idx, Value vals, 
   return b.transpose(b.reshape(out, ts), back);
 }
 
+// index_put with one bool mask over dims [d, d + k) of x and no other index:
+// the i-th true position takes row i of the values (or the one row they
+// broadcast from), so the output shape is static even though the count is not.
+Value index_put_mask(Builder& b, Value x, int64_t d, Value mask, Value vals, bool acc) {
+  int64_t k = mask.rank();
+  Shape pre(x.shape().begin(), x.shape().begin() + d),
+      post(x.shape().begin() + d + k, x.shape().end());
+  int64_t rows = Type{DType::Bool, mask.shape()}.numel();
+  Shape xs = pre;
+  xs.push_back(rows);
+  xs.insert(xs.end(), post.begin(), post.end());
+  Value xf = b.reshape(x, xs);
+  int64_t at = static_cast<int64_t>(pre.size());
+  // Values broadcast to torch's result shape [pre..., count, post...].
+  Value v = b.convert(vals, x.dtype());
+  Shape vs = v.shape();
+  int64_t from_end = static_cast<int64_t>(post.size());
+  int64_t count = static_cast<int64_t>(vs.size()) > from_end ? vs[vs.size() - 1 - from_end] : 1;
+  Shape target = pre;
+  target.push_back(count);
+  target.insert(target.end(), post.begin(), post.end());
+  v = broadcast_to(b, v, target);
+  Value m = b.reshape(mask, {rows});
+  if (count != 1) {
+    Ex cnt(b, b.convert(m, DType::I64));
+    Ex pos(b, b.reduce_window(cnt.v, b.constant_int(0, DType::I64), hlo::Reducer::Add, {rows}, {1},
+                              {rows - 1}, {0}));
+    pos = maximum(pos - 1.0, pos.k(0));
+    v = b.take_along(v, b.broadcast_in_dim(pos.v, xs, {at}), at);
+  } else {
+    v = broadcast_to(b, v, xs);
+  }
+  Value mb = b.broadcast_in_dim(m, xs, {at});
+  Ex out = acc ? Ex(b, xf) + where(Ex(b, mb), Ex(b, v), Ex(b, xf).k(0))
+               : where(Ex(b, mb), Ex(b, v), Ex(b, xf));
+  return b.reshape(out.v, x.shape());
+}
+
 // For each value, the count of sequence entries < value (<= when right), with
 // the sequence along the last dim (1-D sequences apply to every value).
 Value insertion_points(Builder& b, Value seq, Value vals, bool right) {
@@ -194,9 +232,14 @@ TPU_LOWERING(index_ops) {
   // searchsorted.Tensor(sorted_sequence, self, *, out_int32, right, side?, sorter?):
   // the insertion point is how many sequence entries sort before each value.
   reg("searchsorted.Tensor", [](Ctx& c) -> V {
-    if (!c.is_none(5)) throw hlo::BuildError("[lower] searchsorted: sorter is not supported");
     bool right = c.flag(3) || (!c.is_none(4) && c.arg(4).toStringRef() == "right");
-    return {insertion_points(c.b, c.in(0), c.in(1), right)};
+    if (c.out(0).numel() == 0 || c.in(0).type.numel() == 0) return {c.b.splat(0, c.out(0))};
+    Value seq = c.in(0);
+    if (!c.is_none(5)) {  // sorter: the sequence in the order it gives
+      Value srt = wrap_index(c.b, c.in(5), seq.shape().back());
+      seq = c.b.take_along(seq, srt, seq.rank() - 1);
+    }
+    return {insertion_points(c.b, seq, c.in(1), right)};
   });
   // bucketize.Tensor(self, boundaries, *, out_int32, right)
   reg("bucketize.Tensor",
@@ -204,7 +247,18 @@ TPU_LOWERING(index_ops) {
   reg("index.Tensor", [](Ctx& c) -> V { return {index_tensor(c.b, c.in(0), c.list(1))}; });
   // (self, indices, values, accumulate[, unsafe])
   for (const char* n : {"index_put", "_index_put_impl"}) {
-    reg(n, [](Ctx& c) -> V { return {index_put(c.b, c.in(0), c.list(1), c.in(2), c.flag(3))}; });
+    reg(n, [](Ctx& c) -> V {
+      std::vector<Value> idx = c.list(1);
+      int valid = 0, mask_at = -1;
+      for (size_t d = 0; d < idx.size(); ++d)
+        if (idx[d].valid()) {
+          ++valid;
+          if (idx[d].dtype() == DType::Bool) mask_at = static_cast<int>(d);
+        }
+      if (valid == 1 && mask_at >= 0)
+        return {index_put_mask(c.b, c.in(0), mask_at, idx[mask_at], c.in(2), c.flag(3))};
+      return {index_put(c.b, c.in(0), idx, c.in(2), c.flag(3))};
+    });
   }
 }
 

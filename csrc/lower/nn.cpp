@@ -117,45 +117,70 @@ Ex channel(Ctx& c, int i, const Value& x, DType t) {
   return Ex(c.b, c.b.reshape(c.b.convert(c.in(i), t), s));
 }
 
+// Batch norm forward over channel dim 1; running stats at args `stats` and
+// `stats` + 1 (absent when -1 or None).
+V batch_norm(Ctx& c, bool training, double momentum, double eps, int stats) {
+  DType t = math_dtype(c);
+  Ex x = in_as(c, 0, t);
+  std::vector<int64_t> axes = range(0, x.v.rank());
+  axes.erase(axes.begin() + 1);
+  Ex mean = x, invstd = x;
+  V saved;
+  if (training) {
+    double n = 1;
+    for (int64_t a : axes) n *= static_cast<double>(x.v.shape()[a]);
+    mean = sum(x, axes, true) / n;
+    Ex d = x - mean;
+    Ex var = sum(d * d, axes, true) / n;
+    invstd = (var + eps).un("rsqrt");
+    saved = {mean, invstd};
+    // Running stats: (1 - momentum) * old + momentum * batch (unbiased var).
+    const Shape cs = {x.v.shape()[1]};
+    auto blend = [&](int arg, const Ex& batch) {
+      if (arg < 0 || c.is_none(arg)) return;
+      Ex old(c.b, c.b.reshape(in_as(c, arg, t).v, cs));
+      c.update(arg, old * (1.0 - momentum) + Ex(c.b, c.b.reshape(batch.v, cs)) * momentum);
+    };
+    blend(stats, mean);
+    blend(stats < 0 ? -1 : stats + 1, var * (n / std::max(n - 1.0, 1.0)));
+  } else {
+    mean = channel(c, stats, x.v, t);
+    invstd = (channel(c, stats + 1, x.v, t) + eps).un("rsqrt");
+    saved = {zeros(c, 1), zeros(c, 2)};
+  }
+  Ex y = (x - mean) * invstd;
+  if (!c.is_none(1)) y = y * channel(c, 1, x.v, t);
+  if (!c.is_none(2)) y = y + channel(c, 2, x.v, t);
+  return {y, saved[0], saved[1]};
+}
+
 TPU_LOWERING(nn_batch_norm) {
   // (input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
   //   -> (out, save_mean, save_invstd); training also updates the running stats.
-  reg("native_batch_norm", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex x = in_as(c, 0, t);
-    std::vector<int64_t> axes = range(0, x.v.rank());
-    axes.erase(axes.begin() + 1);
-    double eps = c.f64(7);
-    Ex mean = x, invstd = x;
-    V saved;
-    if (c.flag(5)) {
-      double n = 1;
-      for (int64_t a : axes) n *= static_cast<double>(x.v.shape()[a]);
-      mean = sum(x, axes, true) / n;
-      Ex d = x - mean;
-      Ex var = sum(d * d, axes, true) / n;
-      invstd = (var + eps).un("rsqrt");
-      saved = {mean, invstd};
-      // Running stats: (1 - momentum) * old + momentum * batch (unbiased var).
-      const double m = c.f64(6);
-      const Shape cs = {x.v.shape()[1]};
-      auto blend = [&](int arg, const Ex& batch) {
-        if (c.is_none(arg)) return;
-        Ex old(c.b, c.b.reshape(in_as(c, arg, t).v, cs));
-        c.update(arg, old * (1.0 - m) + Ex(c.b, c.b.reshape(batch.v, cs)) * m);
-      };
-      blend(3, mean);
-      blend(4, var * (n / std::max(n - 1.0, 1.0)));
-    } else {
-      mean = channel(c, 3, x.v, t);
-      invstd = (channel(c, 4, x.v, t) + eps).un("rsqrt");
-      saved = {zeros(c, 1), zeros(c, 2)};
-    }
-    Ex y = (x - mean) * invstd;
-    if (!c.is_none(1)) y = y * channel(c, 1, x.v, t);
-    if (!c.is_none(2)) y = y + channel(c, 2, x.v, t);
-    return {y, saved[0], saved[1]};
-  });
+  // The _native_batch_norm_legit / _batch_norm_with_update family differs only
+  // in where training, momentum and eps sit (and a 4th, empty, reserve output).
+  struct BnArgs {
+    const char* name;
+    int training, momentum, eps;  // arg positions; training -1 = always, -2 = never
+    int stats;                    // position of running_mean (var follows), -1 none
+  };
+  const BnArgs forms[] = {
+      {"native_batch_norm", 5, 6, 7, 3},
+      {"_native_batch_norm_legit", 5, 6, 7, 3},
+      {"_native_batch_norm_legit.no_stats", 3, 4, 5, -1},
+      {"_native_batch_norm_legit_no_training", -2, 5, 6, 3},
+      {"_batch_norm_with_update", -1, 5, 6, 3},
+      {"_batch_norm_no_update", -2, 5, 6, 3},
+  };
+  for (const BnArgs& f : forms) {
+    BnArgs a = f;
+    reg(a.name, [a](Ctx& c) -> V {
+      bool training = a.training == -1 || (a.training >= 0 && c.flag(a.training));
+      V r = batch_norm(c, training, c.f64(a.momentum), c.f64(a.eps), a.stats);
+      for (int k = 3; k < c.num_outputs(); ++k) r.push_back(c.b.splat(0, c.out(k)));
+      return r;
+    });
+  }
   // (grad_out, input, weight?, running_mean?, running_var?, save_mean?,
   //  save_invstd?, train, eps, output_mask)
   reg("native_batch_norm_backward", [](Ctx& c) -> V {
@@ -177,6 +202,8 @@ TPU_LOWERING(nn_batch_norm) {
     return {mask.get(0) ? dx.v : zeros(c, 0).v, mask.get(1) ? sum(g * xhat, axes).v : zeros(c, 1).v,
             mask.get(2) ? sum(g, axes).v : zeros(c, 2).v};
   });
+  // Same arguments (plus a trailing reserve), `update` in the training slot.
+  reg("batch_norm_backward", *find_rule("native_batch_norm_backward"));
 }
 
 // Group norm views x as [N, G, rest] with mean/rstd [N, G, 1]; weight and

@@ -119,8 +119,8 @@ TPU_LOWERING(reduce_sum_mean) {
   reg("cumsum", [](Ctx& c) -> V { return {scan(input(c), c.i64(1), Reducer::Add)}; });
   reg("cumprod", [](Ctx& c) -> V { return {scan(input(c), c.i64(1), Reducer::Mul)}; });
   // Shifted by the max along dim so the running sum of exps cannot overflow.
-  // (_logcumsumexp, its CompositeExplicit callee, has no meta kernel.)
-  for (const char* n : {"logcumsumexp"}) {
+  // (_logcumsumexp's meta kernel is ours: csrc/aten/meta_kernels.cpp.)
+  for (const char* n : {"logcumsumexp", "_logcumsumexp"}) {
     reg(n, [](Ctx& c) -> V {
       Ex x(c.b, at_least_1d(c.b, input(c).v));
       int64_t dim = wrap_dim(c.i64(1), x.v.rank());

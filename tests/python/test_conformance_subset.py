@@ -25,9 +25,7 @@ harness = conformance.harness
 
 # Known gaps: (op, "fwd"|"bwd") -> reason. They are left out of the pass tests and
 # checked to still fail by test_known_gaps_still_fail (drop the entry once fixed).
-KNOWN_GAPS = {
-    ("masked_fill", "bwd"): "the gradient of a tensor fill value needs aten::masked_select",
-}
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 CFG = {"dtypes": ["float32"], "backward": True, "samples": 4, "max_numel": harness.MAX_NUMEL}
 

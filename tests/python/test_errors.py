@@ -8,12 +8,12 @@ import torch
 import torchtpu
 from conftest import assert_tpu_close, check_py, run_py
 
-# An ATen op without a tpu lowering (histc: data-dependent bucketing).
-UNSUPPORTED_OP = "histc"
+# An ATen op without a tpu lowering (unique_dim: unique rows along a dim).
+UNSUPPORTED_OP = "unique_dim"
 
 
 def _unsupported(x: torch.Tensor) -> torch.Tensor:
-    return torch.histc(x, bins=4, min=-2, max=2)
+    return torch.unique(x, dim=0)
 
 
 def _still_works():
@@ -39,19 +39,19 @@ def test_unsupported_op_cpu_fallback():
         x = torch.linspace(-3, 3, 13)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            a = torch.histc(x.to("tpu"), bins=4, min=-2, max=2)
-            b = torch.histc(x.to("tpu") * 1, bins=4, min=-2, max=2)
+            a = torch.unique(x.to("tpu"), dim=0)
+            b = torch.unique(x.to("tpu") * 1, dim=0)
         assert a.device.type == "tpu", a.device
-        ref = torch.histc(x, bins=4, min=-2, max=2)
+        ref = torch.unique(x, dim=0)
         torch.testing.assert_close(a.cpu(), ref)
         torch.testing.assert_close(b.cpu(), ref)
-        msgs = [str(w.message) for w in caught if "histc" in str(w.message)]
+        msgs = [str(w.message) for w in caught if "unique_dim" in str(w.message)]
         assert len(msgs) == 1, msgs  # warns once per op
         assert "TORCHTPU_CPU_FALLBACK" in msgs[0], msgs[0]
         m = torchtpu.metrics()
         assert m["fallbacks"] >= 2, m
-        assert m["fallback_ops"].get("histc") == 2, m["fallback_ops"]
-        assert "histc" in torchtpu.metrics_report()
+        assert m["fallback_ops"].get("unique_dim") == 2, m["fallback_ops"]
+        assert "unique_dim" in torchtpu.metrics_report()
         print("ok")
         """,
         env={"TORCHTPU_CPU_FALLBACK": "1"},

@@ -1,0 +1,160 @@
+// Symmetric eigendecomposition by cyclic Jacobi rotations and the SVD built on
+// it (eigenvectors of A^T A or A A^T), computed in f64 so that the squared
+// condition number costs no float32 accuracy. Eigen/singular vectors are
+// unique only up to sign: LAPACK's choice is not reproduced.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "lower/helpers.h"
+#include "lower/types.h"
+
+namespace torchtpu::lower {
+namespace {
+
+using hlo::Cmp;
+using hlo::Reducer;
+using V = std::vector<Value>;
+
+constexpr int kSweeps = 12;
+
+Ex idx(Builder& b, const Shape& s, int64_t dim) {
+  return Ex(b, b.iota(Type{DType::I64, s}, dim < 0 ? dim + static_cast<int64_t>(s.size()) : dim));
+}
+std::vector<int64_t> last_two(int64_t r) { return {r - 2, r - 1}; }
+Ex swap_last(const Ex& x) {
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < x.v.rank(); ++i) perm.push_back(i);
+  std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+  return Ex(*x.b, x.b->transpose(x.v, perm));
+}
+Ex mm(const Ex& x, const Ex& y) { return Ex(*x.b, matmul(*x.b, x.v, y.v, x.v.dtype())); }
+
+// Eigenvalues ascending [..., n] and eigenvectors (columns) [..., n, n] of the
+// symmetric a [..., n, n] (f64).
+std::pair<Ex, Ex> eigh_jacobi(Ex a) {
+  Builder& b = *a.b;
+  const Shape s = a.v.shape();
+  int64_t r = a.v.rank(), n = s.back();
+  Ex rows = idx(b, s, -2), cols = idx(b, s, -1);
+  Ex eye = where(rows.cmp(Cmp::EQ, cols), a.k(1), a.k(0));
+  if (n > 1) {
+    auto i64 = [&](int64_t v) { return Ex(b, b.constant_int(v, DType::I64)); };
+    int64_t steps = kSweeps * n * (n - 1) / 2;
+    std::vector<Value> out = b.while_loop(
+        {i64(0).v, i64(0).v, i64(1).v, a.v, eye.v},
+        [&](const V& st) { return Ex(b, st[0]).cmp(Cmp::LT, i64(steps)).v; },
+        [&](const V& st) {
+          Ex t(b, st[0]), p(b, st[1]), q(b, st[2]), x(b, st[3]), v(b, st[4]);
+          auto at = [&](const Ex& i, const Ex& j) {
+            Ex m = rows.cmp(Cmp::EQ, i).bin("and", cols.cmp(Cmp::EQ, j));
+            return Ex(b, reduce_sum(b, where(m, x, x.k(0)).v, last_two(r), true));
+          };
+          Ex app = at(p, p), aqq = at(q, q), apq = at(p, q);
+          // Rotation zeroing a[p, q]: tan = sign(th) / (|th| + sqrt(th^2 + 1)).
+          Ex nz = apq.cmp(Cmp::NE, apq.k(0));
+          Ex th = (aqq - app) / (where(nz, apq, apq.k(1)) * 2.0);
+          Ex sg = where(th.cmp(Cmp::GE, th.k(0)), th.k(1), th.k(-1));
+          Ex tn = sg / (th.un("abs") + (th * th + 1.0).un("sqrt"));
+          tn = where(nz, tn, tn.k(0));
+          Ex cs = (tn * tn + 1.0).un("rsqrt"), sn = tn * cs;
+          Ex rp = rows.cmp(Cmp::EQ, p), rq = rows.cmp(Cmp::EQ, q);
+          Ex cp = cols.cmp(Cmp::EQ, p), cq = cols.cmp(Cmp::EQ, q);
+          Ex j = where(rp.bin("and", cp).bin("or", rq.bin("and", cq)), cs, eye);
+          j = where(rp.bin("and", cq), sn, j);
+          j = where(rq.bin("and", cp), -sn, j);
+          Ex x2 = mm(mm(swap_last(j), x), j), v2 = mm(v, j);
+          // Next pair in row-major order of the upper triangle.
+          Ex q1 = q + 1.0;
+          Ex wrap = q1.cmp(Cmp::EQ, q1.k(static_cast<double>(n)));
+          Ex p2 = where(wrap, p + 1.0, p);
+          p2 = where(p2.cmp(Cmp::EQ, p2.k(static_cast<double>(n - 1))), p2.k(0), p2);
+          Ex q2 = where(wrap, p2 + 1.0, q1);
+          return V{(t + 1.0).v, p2.v, q2.v, x2.v, v2.v};
+        });
+    a = Ex(b, out[3]);
+    eye = Ex(b, out[4]);
+  }
+  Ex d(b, reduce_sum(b, where(rows.cmp(Cmp::EQ, cols), a, a.k(0)).v, {r - 1}, false));
+  auto sorted = b.sort({d.v, b.iota(Type{DType::I64, d.v.shape()}, r - 2)}, r - 2, false);
+  Shape ps = s;
+  ps[r - 2] = 1;
+  Value perm = b.reshape(sorted[1], ps);
+  Value vecs = b.take_along(eye.v,
+                            b.broadcast_in_dim(perm, s,
+                                               [&] {
+                                                 std::vector<int64_t> dims;
+                                                 for (int64_t i = 0; i < r; ++i) dims.push_back(i);
+                                                 return dims;
+                                               }()),
+                            r - 1);
+  return {Ex(b, sorted[0]), Ex(b, vecs)};
+}
+
+// The symmetric matrix a's `lower` (or upper) triangle describes.
+Ex symmetrize(const Ex& a, bool lower) {
+  Builder& b = *a.b;
+  const Shape& s = a.v.shape();
+  Ex rows = idx(b, s, -2), cols = idx(b, s, -1);
+  Ex keep = lower ? cols.cmp(Cmp::LE, rows) : cols.cmp(Cmp::GE, rows);
+  Ex t = where(keep, a, a.k(0));
+  return where(rows.cmp(Cmp::EQ, cols), t, t + swap_last(t));
+}
+
+// Columns of x scaled by 1/s (zero where s is 0); x [..., m, k], s [..., k].
+Ex div_cols(const Ex& x, const Ex& s) {
+  Builder& b = *x.b;
+  Shape ss = s.v.shape();
+  ss.insert(ss.end() - 1, 1);
+  Ex sr(b, b.reshape(s.v, ss));
+  Ex pos = sr.cmp(Cmp::GT, sr.k(0));
+  return where(pos, x / where(pos, sr, sr.k(1)), x.k(0));
+}
+
+TPU_LOWERING(linalg_eig) {
+  // (A, UPLO, compute_v) -> (eigenvalues, eigenvectors)
+  reg("_linalg_eigh", [](Ctx& c) -> V {
+    DType t = compute_dtype(c.out(0).dtype);
+    if (c.in(0).type.numel() == 0) return {c.b.splat(0, c.out(0)), c.b.splat(0, c.out(1))};
+    Ex a(c.b, c.b.convert(c.in(0), DType::F64));
+    auto [w, v] = eigh_jacobi(symmetrize(a, c.arg(1).toStringRef() == "L"));
+    Value vecs = c.flag(2) ? c.b.convert(v.v, t) : c.b.splat(0, c.out(1));
+    return {c.b.convert(w.v, t), vecs};
+  });
+  // (A, full_matrices, compute_uv, driver?) -> (U, S, Vh), singular values
+  // descending; the vectors of the larger side come from A itself.
+  reg("_linalg_svd", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_dtype(c.out(1).dtype);
+    Ex a(b, b.convert(c.in(0), DType::F64));
+    const Shape& s = a.v.shape();
+    int64_t r = a.v.rank(), m = s[r - 2], n = s[r - 1];
+    bool uv = c.flag(2);
+    if (a.v.type.numel() == 0)
+      return {b.splat(0, c.out(0)), b.splat(0, c.out(1)), b.splat(0, c.out(2))};
+    if (uv && c.flag(1) && m != n)
+      throw hlo::BuildError("[lower] _linalg_svd: full_matrices=True for a non-square matrix");
+    bool tall = m >= n;
+    Ex g = tall ? mm(swap_last(a), a) : mm(a, swap_last(a));  // [..., k, k]
+    auto [w, v] = eigh_jacobi(g);
+    // Descending order.
+    w = Ex(b, b.reverse(w.v, {r - 2}));
+    v = Ex(b, b.reverse(v.v, {r - 1}));
+    Ex sv = maximum(w, w.k(0)).un("sqrt");
+    V out(3);
+    out[1] = b.convert(sv.v, t);
+    if (!uv) {
+      out[0] = b.splat(0, c.out(0));
+      out[2] = b.splat(0, c.out(2));
+      return out;
+    }
+    Ex other = div_cols(tall ? mm(a, v) : mm(swap_last(a), v), sv);  // [..., m|n, k]
+    Ex u = tall ? other : v, vv = tall ? v : other;
+    out[0] = b.convert(u.v, t);
+    out[2] = b.convert(swap_last(vv).v, t);
+    return out;
+  });
+}
+
+}  // namespace
+}  // namespace torchtpu::lower

@@ -1,0 +1,127 @@
+"""Value-dependent ops on tpu against PyTorch CPU: nonzero/argwhere,
+masked_select, unique, repeat_interleave and equal (one host sync for the
+size), and the static-shape relatives take, put, nonzero_static,
+masked_scatter, bool-mask index_put and logspace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_tpu_close
+
+
+def _x():
+    x = torch.randn(4, 5)
+    x[x.abs() < 0.5] = 0
+    return x
+
+
+def _mask(*shape):
+    return torch.rand(*shape) > 0.5
+
+
+# name -> (fn(device, *inputs), make() -> inputs); float leaves get gradients.
+CASES = {
+    "nonzero": (lambda d, x: torch.nonzero(x), lambda: [_x()]),
+    "nonzero_0d": (lambda d, x: torch.nonzero(x), lambda: [torch.tensor(2.0)]),
+    "nonzero_bool_3d": (lambda d, m: torch.nonzero(m), lambda: [_mask(2, 3, 4)]),
+    "nonzero_empty": (lambda d, x: torch.nonzero(x), lambda: [torch.zeros(3, 2)]),
+    "argwhere": (lambda d, x: torch.argwhere(x), lambda: [_x().t()]),
+    "nonzero_static_pad": (
+        lambda d, x: torch.nonzero_static(x, size=25, fill_value=-7),
+        lambda: [_x()],
+    ),
+    "nonzero_static_cut": (lambda d, x: torch.nonzero_static(x, size=2), lambda: [_x()]),
+    "masked_select": (
+        lambda d, x, m: torch.masked_select(x, m),
+        lambda: [torch.randn(4, 5).requires_grad_(True), _mask(4, 5)],
+    ),
+    "masked_select_broadcast": (
+        lambda d, x, m: torch.masked_select(x, m),
+        lambda: [torch.randn(5).requires_grad_(True), _mask(3, 5)],
+    ),
+    "masked_scatter": (
+        lambda d, x, m, s: x.masked_scatter(m, s),
+        lambda: [
+            torch.randn(4, 5).requires_grad_(True),
+            _mask(4, 5),
+            torch.randn(30).requires_grad_(True),
+        ],
+    ),
+    "take": (
+        lambda d, x: torch.take(x, torch.tensor([[0, -1], [7, 3]], device=d)),
+        lambda: [torch.randn(3, 4).requires_grad_(True)],
+    ),
+    "put_accumulate": (
+        lambda d, x, s: x.put(torch.tensor([1, 5, 1, -2], device=d), s, accumulate=True),
+        lambda: [torch.randn(3, 4).requires_grad_(True), torch.randn(4).requires_grad_(True)],
+    ),
+    "put": (
+        lambda d, x, s: x.put(torch.tensor([[0, 6], [11, 3]], device=d), s),
+        lambda: [torch.randn(3, 4).requires_grad_(True), torch.randn(2, 2).requires_grad_(True)],
+    ),
+    "index_put_mask_rows": (
+        lambda d, x, m, v: x.index_put((m,), v),
+        lambda: [torch.randn(5, 3).requires_grad_(True), _mask(5), torch.randn(3)],
+    ),
+    "index_put_mask_accumulate": (
+        lambda d, x, m: x.index_put((m,), torch.tensor(1.5, device=d), accumulate=True),
+        lambda: [torch.randn(4, 5).requires_grad_(True), _mask(4, 5)],
+    ),
+    "repeat_interleave": (
+        lambda d, r: torch.repeat_interleave(r),
+        lambda: [torch.tensor([2, 0, 3, 1])],
+    ),
+    "repeat_interleave_self": (
+        lambda d, x: torch.repeat_interleave(x, torch.tensor([1, 3, 2], device=d), dim=0),
+        lambda: [torch.randn(3, 2).requires_grad_(True)],
+    ),
+    "unique": (
+        lambda d, x: torch.unique(x, return_inverse=True, return_counts=True),
+        lambda: [torch.randint(0, 5, (4, 6))],
+    ),
+    "unique_consecutive": (
+        lambda d, x: torch.unique_consecutive(x, return_inverse=True, return_counts=True),
+        lambda: [torch.tensor([1, 1, 2, 2, 2, 0, 1, 1])],
+    ),
+    "logspace": (lambda d: torch.logspace(-2, 3, 11, base=2.0, device=d), list),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_dynamic_op(name, eager):
+    fn, make = CASES[name]
+    inputs = make()
+    ref_in = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+    dev_in = [t.detach().to("tpu").requires_grad_(t.requires_grad) for t in inputs]
+    ref, out = fn("cpu", *ref_in), fn("tpu", *dev_in)
+    assert_tpu_close(out, ref)
+    wrt = [k for k, t in enumerate(inputs) if t.requires_grad]
+    if not wrt:
+        return
+    grad = torch.randn(ref.shape)
+    ref_g = torch.autograd.grad(ref, [ref_in[k] for k in wrt], grad)
+    dev_g = torch.autograd.grad(out, [dev_in[k] for k in wrt], grad.to("tpu"))
+    assert_tpu_close(list(dev_g), list(ref_g))
+
+
+def test_equal(eager):
+    x = torch.randn(3, 4)
+    assert torch.equal(x.to("tpu"), x.to("tpu").clone())
+    assert not torch.equal(x.to("tpu"), (x + 1).to("tpu"))
+    assert not torch.equal(x.to("tpu"), x[:2].to("tpu"))
+    n = torch.tensor([float("nan")])
+    assert torch.equal(n.to("tpu"), n.to("tpu")) == torch.equal(n, n)
+
+
+def test_nonzero_syncs_once_without_fallback():
+    """nonzero reads one count from the device and never falls back to the CPU."""
+    import torchtpu
+
+    x = _x().to("tpu")
+    torch.tpu.synchronize()
+    torchtpu.reset_metrics()
+    torch.nonzero(x)
+    m = torchtpu.metrics()
+    assert m["fallbacks"] == 0
+    assert m["host_syncs"] == 1
