@@ -7,10 +7,19 @@
 #include <optional>
 #include <tuple>
 
+#include "aten/fused.h"
+
 namespace torchtpu::aten {
 namespace {
 
-int64_t count_nonzero_host(const at::Tensor& t) { return (t != 0).sum().item<int64_t>(); }
+// The one host read of these ops (a Fused Eager cut named data_dependent).
+template <typename T>
+T host_value(const at::Tensor& t) {
+  SyncReason why("data_dependent");
+  return t.item<T>();
+}
+
+int64_t count_nonzero_host(const at::Tensor& t) { return host_value<int64_t>((t != 0).sum()); }
 
 at::Tensor tpu_nonzero(const at::Tensor& self) {
   return at::nonzero_static(self, count_nonzero_host(self), -1);
@@ -44,14 +53,14 @@ at::Tensor& masked_select_out(const at::Tensor& self, const at::Tensor& mask, at
 bool tpu_equal(const at::Tensor& self, const at::Tensor& other) {
   if (!self.sizes().equals(other.sizes())) return false;
   if (self.numel() == 0) return true;
-  return at::eq(self, other).all().item<bool>();
+  return host_value<bool>(at::eq(self, other).all());
 }
 
 // repeats [n] -> index i repeated repeats[i] times.
 at::Tensor tpu_repeat_interleave(const at::Tensor& repeats, std::optional<int64_t> output_size) {
   TORCH_CHECK(repeats.dim() == 1, "repeat_interleave: repeats must be 1-d, got ", repeats.dim(),
               "-d");
-  int64_t total = output_size ? *output_size : repeats.sum().item<int64_t>();
+  int64_t total = output_size ? *output_size : host_value<int64_t>(repeats.sum());
   at::Tensor ends = repeats.cumsum(0);
   at::Tensor pos = at::arange(total, repeats.options().dtype(at::kLong));
   return at::searchsorted(ends, pos, /*out_int32=*/false, /*right=*/true).to(repeats.scalar_type());

@@ -8,11 +8,14 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ne.h>
+#include <ATen/ops/nonzero.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -282,11 +285,40 @@ void cpu_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   at::native::cpu_fallback(op, stack);
 }
 
+// Boolean masks in an index list become long indices, one per mask dimension
+// (one data-dependent sync, as PyTorch's own index kernels do), so the lowering
+// and the meta kernel see static shapes.
+void expand_bool_indices(const OpInfo& info, torch::jit::Stack* stack, size_t first) {
+  const std::string base = info.name.substr(0, info.name.find('.'));
+  static const std::set<std::string> indexing = {
+      "index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"};
+  if (!indexing.count(base) || !(*stack)[first + 1].isList()) return;
+  auto list = (*stack)[first + 1].toList();
+  auto is_mask = [](const c10::IValue& e) {
+    return e.isTensor() &&
+           (e.toTensor().scalar_type() == at::kBool || e.toTensor().scalar_type() == at::kByte);
+  };
+  if (std::none_of(list.begin(), list.end(), [&](const c10::IValue& e) { return is_mask(e); }))
+    return;
+  c10::List<std::optional<at::Tensor>> out;
+  for (const c10::IValue& e : list) {
+    if (!is_mask(e)) {
+      out.push_back(e.isTensor() ? std::optional<at::Tensor>(e.toTensor()) : std::nullopt);
+      continue;
+    }
+    const at::Tensor& mask = e.toTensor();
+    at::Tensor nz = at::nonzero(mask.scalar_type() == at::kBool ? mask : mask.ne(0));
+    for (int64_t d = 0; d < mask.dim(); ++d) out.push_back(nz.select(1, d));
+  }
+  (*stack)[first + 1] = out;
+}
+
 void tpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = op_info(op);
   metrics().ops++;
   const size_t n = op.schema().arguments().size();
   try {
+    if (info.rule) expand_bool_indices(info, stack, stack->size() - n);
     if (info.rule) return run_lowered(op, info, stack);
   } catch (c10::Error& e) {
     e.add_context("[tpu] while running " + describe(info.name, *stack, stack->size() - n, n));

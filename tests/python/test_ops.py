@@ -529,3 +529,28 @@ def test_optimizer_steps(opt, foreach, eager):
     for p_dev, p_ref, p0 in zip(params_after[1], params_after[0], initial):
         assert not torch.equal(p_ref, p0.detach())  # the steps moved the parameters
         assert_tpu_close(p_dev, p_ref)
+
+
+def test_arange_length_follows_its_values(eager):
+    # The out= tensor is resized on a new key only: an empty arange must not make
+    # later ones empty.
+    assert torch.arange(1, 1, 1, dtype=torch.int64, device="tpu").numel() == 0
+    for args in ((3,), (2, 7, 2), (5,), (0.5, 2.0, 0.25)):
+        assert_tpu_close(torch.arange(*args, device="tpu"), torch.arange(*args))
+
+
+def test_boolean_mask_indexing(eager):
+    # x[mask] and x[mask] = v: masks become long indices after one size sync.
+    torch.manual_seed(0)
+    c = torch.randn(4, 5)
+    mask = c > 0
+    x = c.to("tpu").requires_grad_()
+    got = x[mask.to("tpu")]
+    assert_tpu_close(got, c[mask])
+    got.sum().backward()
+    assert_tpu_close(x.grad, mask.float())
+    y, d = x.detach().clone(), c.clone()
+    y[y < 0] = 0.5
+    d[d < 0] = 0.5
+    assert_tpu_close(y, d)
+    assert_tpu_close(x.detach()[:, torch.tensor([True, False, True, False, True])], c[:, ::2])
