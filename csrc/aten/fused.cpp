@@ -481,7 +481,10 @@ void flush_locked(Graph& g, const char* reason) {
 
 }  // namespace
 
-SyncReason::SyncReason(const char* why) : prev_(t_reason) { t_reason = why; }
+// The outermost reason wins: nonzero's count is read through item().
+SyncReason::SyncReason(const char* why) : prev_(t_reason) {
+  if (!t_reason) t_reason = why;
+}
 SyncReason::~SyncReason() { t_reason = prev_; }
 const char* SyncReason::current(const char* fallback) { return t_reason ? t_reason : fallback; }
 

@@ -23,7 +23,8 @@ void fused_flush(const char* reason);
 // direct reads and writes of it are safe. Throws the error of a failed graph.
 // `write`: the caller replaces the buffer (else it only reads it).
 void fused_sync(const DeviceStorage& st, const char* reason, bool write = false);
-// Names the cut reason of syncs inside its scope ("item", "cpu_fallback", ...).
+// Names the cut reason of syncs inside its scope ("item", "cpu_fallback", ...);
+// an enclosing scope's reason wins.
 class SyncReason {
  public:
   explicit SyncReason(const char* why);
