@@ -160,7 +160,7 @@ def test_cut_reasons(fused):
     text = repr(y)  # printing reads the values
     assert "tpu" in text and _cut_delta(cuts, "to_cpu") >= 2
     y = x[(x * 2) > 0]  # nonzero: the output size depends on values
-    assert _cut_delta(cuts, "data_dependent") == 1
+    assert _cut_delta(cuts, "data_dependent") >= 1
     assert_tpu_close(y, x.cpu()[x.cpu() > 0])
     y = x.exp()
     with torchtpu.eager_mode("strict"):
