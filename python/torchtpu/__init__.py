@@ -13,14 +13,14 @@ import os
 # XLA's INFO logs (one line per client start) are noise for PyTorch users;
 # warnings and errors still print. Set TF_CPP_MIN_LOG_LEVEL=0 to see them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-# XLA:CPU's default copy insertion copies every donated input before the program
-# updates it in place (132 copies in a GPT step); region analysis orders the reads
-# instead. Read once, when the plugin starts.
-_REGION = "--xla_cpu_copy_insertion_use_region_analysis"
-if os.environ.get("TORCHTPU_PLATFORM", "cpu") == "cpu" and _REGION not in os.environ.get(
-    "XLA_FLAGS", ""
-):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {_REGION}=true").strip()
+# XLA:CPU defaults tuned for eager-sized programs, read once when the plugin starts
+# (an explicit XLA_FLAGS setting wins): copy insertion with region analysis (the
+# default copies every donated input before the program updates it in place, 132
+# copies in a GPT step) and XNNPACK kernels (about 2x faster GPT steps on 2 cores).
+if os.environ.get("TORCHTPU_PLATFORM", "cpu") == "cpu":
+    for _flag in ("--xla_cpu_copy_insertion_use_region_analysis", "--xla_cpu_use_xnnpack"):
+        if _flag not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {_flag}=true").strip()
 
 import torch
 
