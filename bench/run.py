@@ -53,9 +53,7 @@ def step_time(
         x, y = (t.to(device) for t in batches[i % len(batches)])
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        out = (
-            fwd(x, y) if isinstance(model, GPT) else torch.nn.functional.cross_entropy(fwd(x), y)
-        )
+        out = fwd(x, y) if isinstance(model, GPT) else torch.nn.functional.cross_entropy(fwd(x), y)
         out.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

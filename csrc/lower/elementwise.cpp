@@ -27,7 +27,6 @@ Ex arg_as(Ctx& c, int i, DType t) {
 Operand arg_operand(Ctx& c, int i) {
   return c.arg(i).isTensor() ? operand(c.in(i)) : scalar_operand(c.arg(i));
 }
-DType math_dtype(Ctx& c) { return compute_dtype(c.out(0).dtype); }
 // add/sub's alpha (arg 2); torch rounds it to the output dtype first.
 Ex alpha(Ctx& c, const Ex& like) {
   return Ex(c.b, c.b.convert(c.scalar(2, c.out(0).dtype), like.v.dtype()));

@@ -16,8 +16,6 @@ using hlo::Cmp;
 using hlo::Reducer;
 using V = std::vector<Value>;
 
-Ex in_as(Ctx& c, int i, DType t) { return Ex(c.b, c.b.convert(c.in(i), t)); }
-DType math_dtype(Ctx& c) { return compute_dtype(c.out(0).dtype); }
 Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
 Shape with_batch(const Shape& batch, std::initializer_list<int64_t> tail) {
   Shape s = batch;

@@ -15,8 +15,6 @@ using hlo::Cmp;
 using hlo::Reducer;
 using V = std::vector<Value>;
 
-Ex in_as(Ctx& c, int i, DType t) { return Ex(c.b, c.b.convert(c.in(i), t)); }
-DType math_dtype(Ctx& c) { return compute_dtype(c.out(0).dtype); }
 Value at_least_1d(Builder& b, Value x) { return x.rank() == 0 ? b.reshape(x, {1}) : x; }
 // Runs the rule registered under `name` (looked up at call time, so the
 // registration order of files does not matter).

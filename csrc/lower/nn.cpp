@@ -12,8 +12,6 @@ using hlo::Cmp;
 using hlo::Reducer;
 using V = std::vector<Value>;
 
-Ex in_as(Ctx& c, int i, DType t) { return Ex(c.b, c.b.convert(c.in(i), t)); }
-DType math_dtype(Ctx& c, int k = 0) { return compute_dtype(c.out(k).dtype); }
 Ex sum(const Ex& x, const std::vector<int64_t>& dims, bool keepdim = false) {
   return Ex(*x.b, reduce_sum(*x.b, x.v, dims, keepdim));
 }

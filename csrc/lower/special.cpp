@@ -27,7 +27,6 @@ Ex arg_as(Ctx& c, int i, DType t) {
   if (c.arg(i).isTensor()) return Ex(c.b, c.b.convert(c.in(i), t));
   return Ex(c.b, c.scalar(i, t));
 }
-DType math_dtype(Ctx& c) { return compute_dtype(c.out(0).dtype); }
 Ex b_and(const Ex& x, const Ex& y) { return x.bin("and", y); }
 Ex b_or(const Ex& x, const Ex& y) { return x.bin("or", y); }
 Ex eq(const Ex& x, double v) { return x.cmp(Cmp::EQ, x.k(v)); }

@@ -119,7 +119,8 @@ using ExecutablePtr = std::shared_ptr<Executable>;
 
 class Client : public std::enable_shared_from_this<Client> {
  public:
-  static std::shared_ptr<Client> create(std::shared_ptr<Plugin> plugin, const CreateOptions& options);
+  static std::shared_ptr<Client> create(std::shared_ptr<Plugin> plugin,
+                                        const CreateOptions& options);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -133,7 +134,8 @@ class Client : public std::enable_shared_from_this<Client> {
   const std::string& platform_version() const { return platform_version_; }
 
   // Copies host data into a new device buffer (host memory may be freed on return).
-  BufferPtr buffer_from_host(const void* data, DType dtype, std::span<const int64_t> dims, int device);
+  BufferPtr buffer_from_host(const void* data, DType dtype, std::span<const int64_t> dims,
+                             int device);
   // Compiles StableHLO text (program format "mlir").
   ExecutablePtr compile(const std::string& mlir, const CompileOptions& options = {});
   ExecutablePtr deserialize(const std::string& bytes, const CompileOptions& options = {});
