@@ -19,7 +19,6 @@ struct OpInfo {
   bool is_out = false;                // has out= arguments
   std::vector<uint8_t> scalar_arg;    // per argument: 1 = Scalar (a runtime input)
   std::vector<int> ret_alias_arg;     // per return: index of the argument it writes, or -1
-  std::vector<int> mutated_args;      // arguments the op writes (Tensor(a!))
 };
 const OpInfo& op_info(const c10::OperatorHandle& op);
 

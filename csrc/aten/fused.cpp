@@ -79,6 +79,10 @@ struct TensorDesc {
 struct Template {
   CallOutputs outs;
   int64_t rng_numel = -1;
+  // Storages the call writes (by the call's storage numbering) and their dtype
+  // afterwards: aliased returns, Tensor(a!) arguments, and writes the schema
+  // does not declare (native_batch_norm's running stats).
+  std::vector<std::pair<int, DType>> writes;
 };
 
 struct Node {
@@ -233,20 +237,9 @@ c10::IValue rebuild(const Node& node, const c10::IValue& v, size_t& pos,
   return v;
 }
 
-// Storage dtype after a write through view `t` (what Program::write produces).
-DType written_dtype(const at::Tensor& t, const DeviceStorage& st) {
-  DType d = to_dtype(t.scalar_type());
-  auto g = view_geom(t);
-  bool whole =
-      g.contiguous() && g.offset == 0 && static_cast<size_t>(g.numel()) * itemsize(d) == st.nbytes;
-  return whole || !st.has_value() ? d : st.dtype;
-}
-
-void mark_written(Graph& g, const at::Tensor& t) {
-  if (!t.defined() || !t.device().is_privateuseone()) return;
-  DeviceStorage* st = &device_storage(t.storage());
+void mark_written(Graph& g, DeviceStorage* st, DType dtype) {
   GraphSlot& s = g.slots[slot_for(g, st)];
-  st->dtype = written_dtype(t, *st);
+  st->dtype = dtype;
   s.written = true;
   if (!st->pending) {
     st->pending = true;
@@ -269,6 +262,7 @@ std::shared_ptr<const Template> make_template(const c10::OperatorHandle& op, con
     return static_cast<int>(std::find(storages.begin(), storages.end(), st) - storages.begin());
   };
   lower_call(p, 0, info, args, first, slot_of, t->outs, &t->rng_numel);
+  for (int slot : p.written) t->writes.emplace_back(slot, p.current[slot].dtype());
   return t;
 }
 
@@ -534,15 +528,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   g.hist.push_back(h);
   g.live_at.push_back(g.live_pending);
 
-  // Writes to mutated arguments (in-place, out=, running stats).
-  for (int a : info.mutated_args) {
-    const c10::IValue& v = (*stack)[first + a];
-    if (v.isTensor()) {
-      mark_written(g, v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) mark_written(g, t);
-    }
-  }
+  for (auto [slot, dtype] : tmpl->writes) mark_written(g, storages[slot], dtype);
   // Fresh outputs: real tensors whose storages wait for the graph.
   const CallOutputs& co = tmpl->outs;
   std::vector<at::Tensor> fresh;

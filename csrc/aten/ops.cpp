@@ -220,12 +220,9 @@ const lower::Rule* functional_rule(const c10::FunctionSchema& s) {
 std::unique_ptr<OpInfo> make_info(const c10::FunctionSchema& s) {
   auto info = std::make_unique<OpInfo>();
   info->name = op_name(s);
-  for (size_t i = 0; i < s.arguments().size(); ++i) {
-    const auto& a = s.arguments()[i];
+  for (const auto& a : s.arguments()) {
     info->scalar_arg.push_back(is_scalar_type(a.type()) ? 1 : 0);
     info->is_out |= a.is_out();
-    if (a.alias_info() && a.alias_info()->isWrite())
-      info->mutated_args.push_back(static_cast<int>(i));
   }
   for (const auto& r : s.returns()) {
     int alias = -1;
