@@ -469,7 +469,7 @@ hlo::Value Program::storage(int slot, DType dtype_if_empty) {
   const SlotState& s = slots[slot];
   TORCH_INTERNAL_ASSERT(!s.produced, "[tpu] a fused value was read before it was produced");
   DType d = s.has_value ? s.dtype : dtype_if_empty;
-  int64_t n = storage_elems(DeviceStorage{0, s.nbytes, nullptr, d}, d);
+  int64_t n = storage_elems(s.nbytes, d);
   if (!s.has_value) {
     // Never written: zeros made on the device, nothing uploaded.
     current[slot] = b.splat(0, Type{d, {n}});
@@ -484,7 +484,7 @@ hlo::Value Program::storage(int slot, DType dtype_if_empty) {
 void Program::write(int slot, const at::Tensor& t, hlo::Value v, const std::string& op) {
   DType d = to_dtype(t.scalar_type());
   auto g = view_geom(t);
-  int64_t n = storage_elems(DeviceStorage{0, slots[slot].nbytes, nullptr, d}, d);
+  int64_t n = storage_elems(slots[slot].nbytes, d);
   // As eager: no writes into expanded views, except the fills CPU allows.
   const std::string base = op.substr(0, op.find('.'));
   if (base != "fill_" && base != "zero_" && base != "masked_fill_")
@@ -553,11 +553,11 @@ CallKey key_call(const c10::OperatorHandle& op, const OpInfo& info,
   return c;
 }
 
-int64_t storage_elems(const DeviceStorage& st, DType dtype) {
+int64_t storage_elems(size_t nbytes, DType dtype) {
   size_t is = itemsize(dtype);
-  TORCH_CHECK(st.nbytes % is == 0, "[tpu] storage of ", st.nbytes,
+  TORCH_CHECK(nbytes % is == 0, "[tpu] storage of ", nbytes,
               " bytes cannot hold whole elements of size ", is);
-  return static_cast<int64_t>(st.nbytes / is);
+  return static_cast<int64_t>(nbytes / is);
 }
 
 // Scalars are uploaded per call; small values repeat, so keep their buffers.

@@ -83,7 +83,8 @@ struct CallKey {
   std::string key;
 };
 CallKey key_call(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& stack);
-int64_t storage_elems(const DeviceStorage& st, DType dtype);
+// Elements of `dtype` in a storage of `nbytes` (which must hold whole ones).
+int64_t storage_elems(size_t nbytes, DType dtype);
 // A Scalar argument's buffer (memoized per value).
 pjrt::BufferPtr scalar_buffer(const c10::IValue& v, DType dtype, int device);
 // The call's explicit generator argument, if any.

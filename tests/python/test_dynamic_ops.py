@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_tpu_close
+from conftest import check_against_cpu
 
 
 def _x():
@@ -91,18 +91,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_dynamic_op(name, eager):
     fn, make = CASES[name]
-    inputs = make()
-    ref_in = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
-    dev_in = [t.detach().to("tpu").requires_grad_(t.requires_grad) for t in inputs]
-    ref, out = fn("cpu", *ref_in), fn("tpu", *dev_in)
-    assert_tpu_close(out, ref)
-    wrt = [k for k, t in enumerate(inputs) if t.requires_grad]
-    if not wrt:
-        return
-    grad = torch.randn(ref.shape)
-    ref_g = torch.autograd.grad(ref, [ref_in[k] for k in wrt], grad)
-    dev_g = torch.autograd.grad(out, [dev_in[k] for k in wrt], grad.to("tpu"))
-    assert_tpu_close(list(dev_g), list(ref_g))
+    check_against_cpu(fn, make())
 
 
 def test_equal(eager):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_tpu_close
+from conftest import assert_tpu_close, check_against_cpu
 
 # torch warns that index_reduce is beta and scatter(reduce=) deprecated.
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -118,24 +118,10 @@ CASES["embedding_bag_per_sample_weights"] = (
 )
 
 
-def _leaves(inputs, dev):
-    return [t.detach().to(dev).requires_grad_(t.requires_grad) for t in inputs]
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_extra_op(name, eager):
     fn, make = CASES[name]
-    inputs = make()
-    ref_in, dev_in = _leaves(inputs, "cpu"), _leaves(inputs, "tpu")
-    ref, out = fn("cpu", *ref_in), fn("tpu", *dev_in)
-    assert_tpu_close(out, ref)
-    wrt = [k for k, t in enumerate(inputs) if t.requires_grad]
-    if not wrt:
-        return
-    grad = torch.randn(ref.shape)
-    ref_g = torch.autograd.grad(ref, [ref_in[k] for k in wrt], grad)
-    dev_g = torch.autograd.grad(out, [dev_in[k] for k in wrt], grad.to("tpu"))
-    assert_tpu_close(list(dev_g), list(ref_g))
+    check_against_cpu(fn, make())
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2])
