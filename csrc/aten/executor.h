@@ -21,6 +21,10 @@ struct OpInfo {
   std::vector<int> ret_alias_arg;     // per return: index of the argument it writes, or -1
 };
 const OpInfo& op_info(const c10::OperatorHandle& op);
+// Whether the op "aten::name.overload" exists and has a rule (its own or its twin's).
+bool has_lowering(const std::string& qualified);
+// Counts (and warns once per op about) a call run on the CPU.
+void count_fallback(const std::string& name);
 
 // Runs `op` through info.rule, writing in-place results into their storages.
 void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack);

@@ -261,6 +261,14 @@ const OpInfo& op_info(const c10::OperatorHandle& op) {
   return *slot;
 }
 
+bool has_lowering(const std::string& qualified) {
+  const size_t dot = qualified.find('.');
+  const std::string name = qualified.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
+  auto h = c10::Dispatcher::singleton().findSchema({name, overload});
+  return h && op_info(*h).rule != nullptr;
+}
+
 namespace {
 
 std::mutex fallback_mu;
@@ -269,15 +277,23 @@ std::unordered_map<std::string, int64_t>& fallback_counts() {
   return m;
 }
 
-void cpu_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
+}  // namespace
+
+void count_fallback(const std::string& name) {
   {
     std::lock_guard<std::mutex> lock(fallback_mu);
-    if (fallback_counts()[info.name]++ == 0)
-      TORCH_WARN("[tpu] aten::", info.name,
+    if (fallback_counts()[name]++ == 0)
+      TORCH_WARN("[tpu] aten::", name,
                  " has no tpu lowering; running it on the CPU "
                  "(TORCHTPU_CPU_FALLBACK=1). This copies its inputs to the host and back.");
   }
   metrics().fallbacks++;
+}
+
+namespace {
+
+void cpu_fallback(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
+  count_fallback(info.name);
   SyncReason why("cpu_fallback");
   at::native::cpu_fallback(op, stack);
 }

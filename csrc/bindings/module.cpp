@@ -169,6 +169,11 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "lowered_ops", [] { return torchtpu::lower::registered_ops(); },
       "ATen ops (name.overload) with a lowering rule.");
+  m.def("cpu_fallback_enabled", &cpu_fallback_enabled);
+  m.def("count_fallback", &count_fallback);
+  m.def("has_lowering", &has_lowering,
+        "Whether 'aten::name.overload' runs through a rule (its own, or its in-place/out= "
+        "twin's).");
   m.def("count_compiled_graph", [] { metrics().compiled_graphs++; });
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,

@@ -1,4 +1,4 @@
-// Assorted ops: channel_shuffle, renorm, cummax/cummin, nanmedian, unfold's
+// Assorted ops: channel_shuffle, renorm, weight norm, cummax/cummin, nanmedian, unfold's
 // backward, im2col, rrelu, histc and a few aliases of existing rules.
 #include <algorithm>
 #include <cmath>
@@ -158,6 +158,30 @@ TPU_LOWERING(misc_ops) {
     Ex norm = where(p.cmp(Cmp::EQ, p.k(INFINITY)), amax, sum.bin("power", 1.0 / p));
     Ex factor = where(norm.cmp(Cmp::GT, maxnorm), maxnorm / (norm + 1e-7), norm.k(1));
     return {x * factor};
+  });
+  // Weight norm w = v * g / ||v||, the norm taken over every dim but `dim`
+  // (norms has g's shape). nn.utils.weight_norm on tpu reaches these.
+  auto except_dim = [](int64_t rank, int64_t dim) {
+    std::vector<int64_t> dims;
+    for (int64_t k = 0; k < rank; ++k)
+      if (k != wrap_dim(dim, rank)) dims.push_back(k);
+    return dims;
+  };
+  reg("_weight_norm_interface", [except_dim](Ctx& c) -> V {
+    DType t = math_dtype(c, 1);
+    Ex v = in_as(c, 0, t), g = in_as(c, 1, t);
+    auto dims = except_dim(v.v.rank(), c.i64(2));
+    Ex norms = Ex(c.b, reduce_sum(c.b, (v * v).v, dims, true)).un("sqrt");
+    return {v * (g / norms), norms};
+  });
+  // (grad_w, v, g, norms, dim) -> (grad_v, grad_g)
+  reg("_weight_norm_interface_backward", [except_dim](Ctx& c) -> V {
+    DType t = math_dtype(c, 1);
+    Ex gw = in_as(c, 0, t), v = in_as(c, 1, t), g = in_as(c, 2, t), norms = in_as(c, 3, t);
+    auto dims = except_dim(v.v.rank(), c.i64(4));
+    Ex dot(c.b, reduce_sum(c.b, (gw * v).v, dims, true));
+    Ex grad_v = (g / norms) * (gw - v * (dot / (norms * norms)));
+    return {grad_v, dot / norms};
   });
   // _cummax_helper(self, values(a!), indices(b!), dim) -> ()
   for (auto [name, mx] : {std::pair{"_cummax_helper", true}, std::pair{"_cummin_helper", false}}) {

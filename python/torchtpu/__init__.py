@@ -48,9 +48,10 @@ def _register() -> None:
 
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from . import _printing
+    from . import _decomp, _printing
 
     _printing.install()
+    _decomp.install()
 
 
 _register()

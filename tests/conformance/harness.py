@@ -368,14 +368,14 @@ def _metrics() -> dict:
     return torchtpu.metrics()
 
 
-def _delta(before: dict, after: dict) -> tuple[int, dict]:
-    fb = after["fallbacks"] - before["fallbacks"]
+def _delta(before: dict, after: dict, kind: str = "fallback") -> tuple[int, dict]:
+    """Calls (and calls per op) of kind "fallback" or "decomposed" between two metrics."""
     ops = {}
-    for name, n in after["fallback_ops"].items():
-        d = n - before["fallback_ops"].get(name, 0)
+    for name, n in after[f"{kind}_ops"].items():
+        d = n - before[f"{kind}_ops"].get(name, 0)
         if d:
             ops[name] = d
-    return fb, ops
+    return sum(ops.values()), ops
 
 
 class _Fallback:
@@ -542,11 +542,15 @@ def _run_phase(op, dtype_name, backward, cap, max_numel, values, stage, fallback
             if counted is False:
                 continue
             rec["total"] += 1
-            fb, _ = _delta(before, _metrics())
+            after = _metrics()
+            fb, _ = _delta(before, after)
             if fb:  # the fallback ran although it was off: not native
                 fail("error", i, RuntimeError(f"{fb} CPU fallback(s) with the fallback off"))
             else:
                 rec["passed"] += 1
+                # on the device, through a torch._decomp decomposition of a rule-less op
+                if _delta(before, after, "decomposed")[0]:
+                    rec["decomposed"] = rec.get("decomposed", 0) + 1
             continue
         # NotImplemented natively: rerun with the CPU fallback on.
         before = _metrics()
@@ -633,6 +637,8 @@ def classify(rec: dict) -> str:
     - unsupported: a sample raised NotImplementedError, with the CPU fallback too;
     - fallback: a sample raised NotImplementedError and ran with the CPU fallback;
     - error: no fallback needed, but every forward sample of the primary dtype raised;
+    - decomposed: everything ran on the device, some of it through ``torch._decomp``
+      decompositions of ops without a rule;
     - native: everything ran on the device (samples may still mismatch: see the counts).
     """
     if rec.get("status") in ("crash", "timeout"):
@@ -647,6 +653,8 @@ def classify(rec: dict) -> str:
     prim = phases.get(f"fwd {primary_dtype(rec)}")
     if prim and prim["total"] and prim["error"] == prim["total"]:
         return "error"
+    if any(p.get("decomposed") for p in phases.values()):
+        return "decomposed"
     return "native"
 
 

@@ -348,6 +348,7 @@ def summarize(results: dict, excluded: dict) -> dict:
         "ops": n,
         "with_f32": 0,
         "fwd_f32_native": 0,
+        "fwd_f32_decomposed": 0,
         "fwd_primary_native": 0,
         "bwd_ops": 0,
         "bwd_pass": 0,
@@ -371,6 +372,7 @@ def summarize(results: dict, excluded: dict) -> dict:
             s["with_f32"] += 1
             if harness.phase_ok(phases.get("fwd float32")):
                 s["fwd_f32_native"] += 1
+                s["fwd_f32_decomposed"] += bool(phases["fwd float32"].get("decomposed"))
         prim = harness.primary_dtype(rec)
         if prim and harness.phase_ok(phases.get(f"fwd {prim}")):
             s["fwd_primary_native"] += 1
@@ -451,7 +453,7 @@ def render(results: dict, excluded: dict, meta: dict) -> str:
             f"- **Forward float32, native (no CPU fallback), every sample matching the CPU:"
             f" {_pct(s['fwd_f32_native'], s['ops'])}** of tested ops"
             f" ({_pct(s['fwd_f32_native'], s['with_f32'])} of the {s['with_f32']} ops with a float32"
-            " CPU kernel)"
+            f" CPU kernel; {s['fwd_f32_decomposed']} of them use a `torch._decomp` decomposition)"
         ),
         (
             f"- Forward in the op's primary dtype (float32, or its first supported dtype among"
@@ -467,7 +469,8 @@ def render(results: dict, excluded: dict, meta: dict) -> str:
             f" (per-op timeout {meta['timeout']} s)"
         ),
         (
-            f"- Status of the tested ops: native {cls.get('native', 0)}, fallback"
+            f"- Status of the tested ops: native {cls.get('native', 0)}, decomposed"
+            f" {cls.get('decomposed', 0)}, fallback"
             f" {cls.get('fallback', 0)}, unsupported {cls.get('unsupported', 0)}, error"
             f" {cls.get('error', 0)}, crash"
             f" {cls.get('crash', 0)}, timeout {cls.get('timeout', 0)}, no samples"
@@ -523,13 +526,18 @@ def render(results: dict, excluded: dict, meta: dict) -> str:
             " mismatches or errors); **fallback** some sample raised `NotImplementedError` and"
             " ran when rerun with `TORCHTPU_CPU_FALLBACK=1`; **unsupported** some sample raised"
             " `NotImplementedError` with the fallback on too (e.g. PyTorch's"
-            " `convolution_overrideable` stub, which the fallback cannot reach); **error** no"
+            " `convolution_overrideable` stub, which the fallback cannot reach); **decomposed**"
+            " everything ran on the device, some op through its `torch._decomp` decomposition"
+            " (the op has no rule; counted in `metrics()['decomposed']`); **error** no"
             " fallback needed but every forward sample of the primary dtype raised (often an"
             " unsupported dtype such as complex); **crash**/"
             "**timeout** the worker process died or exceeded the per-op limit (the op's remaining"
             " samples are lost, the sweep goes on with a new worker)."
         ),
-        "- Cells: `passed/total` natively; `(+N fb)` samples that needed the CPU fallback.",
+        (
+            "- Cells: `passed/total` on the device (native or decomposed); `(+N fb)` samples"
+            " that needed the CPU fallback."
+        ),
         (
             "- Raw results: `build/conformance/results.json` (per sample-set counts, fallback ops,"
             " timings); `python tests/conformance/run.py --render build/conformance/results.json`"

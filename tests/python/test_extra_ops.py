@@ -38,6 +38,15 @@ CASES = {
         lambda: [_f(2, 3, 5), torch.rand(3).requires_grad_(True)],
     ),
     "hardshrink": (lambda d, x: F.hardshrink(x, 0.5), lambda: [_f(4, 6)]),
+    # nn.utils.weight_norm's op on devices other than the CPU
+    "weight_norm_dim0": (
+        lambda d, v, g: torch._weight_norm(v, g, 0),
+        lambda: [_f(6, 5), (torch.rand(6, 1) + 0.5).requires_grad_(True)],
+    ),
+    "weight_norm_last": (
+        lambda d, v, g: torch._weight_norm(v, g, 2),
+        lambda: [_f(3, 4, 5), (torch.rand(1, 1, 5) + 0.5).requires_grad_(True)],
+    ),
     "softshrink": (lambda d, x: F.softshrink(x, 0.7), lambda: [_f(4, 6)]),
     "scatter_add_reduce": (
         lambda d, x, s: x.scatter(0, _i(_IDX, d), s, reduce="add"),
