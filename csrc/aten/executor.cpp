@@ -46,6 +46,8 @@ struct OutSpec {
 struct Entry {
   pjrt::ExecutablePtr exe;
   std::vector<InputSource> inputs;
+  std::vector<ScalarSource> scalars;
+  std::vector<std::pair<DType, int>> packs;
   std::vector<OutSpec> outs;   // fresh outputs first, then storage writes
   std::vector<int> ret_lists;  // per return: -1 single tensor, n = Tensor[] of n
   int64_t rng_numel = -1;
@@ -198,8 +200,8 @@ class CallCtx final : public lower::Ctx {
 
   Value scalar(int i, DType as) override {
     DType d = scalar_dtype(arg(i));
-    p_.inputs.push_back({InputSource::Scalar, node_, i, -1, d, 0});
-    return b.convert(b.param(Type{d, {}}), as);
+    p_.scalars.push_back({node_, i, -1, d});
+    return b.convert(b.packed_scalar(d), as);
   }
 
   void update(int i, Value v) override {
@@ -220,6 +222,10 @@ class CallCtx final : public lower::Ctx {
   Value load(const at::Tensor& t, int i, int sub) {
     DType d = to_dtype(t.scalar_type());
     int slot = slot_of_(t);
+    if (slot < 0 && t.dim() == 0) {  // a Python number or a CPU scalar: a packed scalar
+      p_.scalars.push_back({node_, i, sub, pack_dtype(d)});
+      return b.convert(b.packed_scalar(pack_dtype(d)), d);
+    }
     if (slot < 0) {
       p_.inputs.push_back({InputSource::Host, node_, i, sub, d, 0});
       return b.param(Type{d, t.sizes().vec()});
@@ -315,6 +321,8 @@ std::shared_ptr<Entry> compile_call(const c10::OperatorHandle& op, const OpInfo&
   }
   p.b.ret(results);
   entry->inputs = std::move(p.inputs);
+  entry->scalars = std::move(p.scalars);
+  entry->packs = p.b.packs();
   entry->exe = compile_cached(p.b.module());
   return entry;
 }
@@ -338,9 +346,6 @@ std::vector<pjrt::BufferPtr> gather_inputs(const Entry& entry, const torch::jit:
         TORCH_INTERNAL_ASSERT(storages[in.index]->buffer);
         owned.push_back(storages[in.index]->buffer);
         break;
-      case InputSource::Scalar:
-        owned.push_back(scalar_buffer(args[first + in.index], in.dtype, device));
-        break;
       case InputSource::Host:
         owned.push_back(host_input(args[first + in.index], in.sub, device));
         break;
@@ -353,6 +358,9 @@ std::vector<pjrt::BufferPtr> gather_inputs(const Entry& entry, const torch::jit:
       }
     }
   }
+  auto of = [&](const ScalarSource& s) { return scalar_of(args[first + s.index], s.sub); };
+  for (pjrt::BufferPtr& b : scalar_packs(entry.scalars, entry.packs, of, device))
+    owned.push_back(std::move(b));
   return owned;
 }
 
@@ -560,31 +568,58 @@ int64_t storage_elems(size_t nbytes, DType dtype) {
   return static_cast<int64_t>(nbytes / is);
 }
 
-// Scalars are uploaded per call; small values repeat, so keep their buffers.
-pjrt::BufferPtr scalar_buffer(const c10::IValue& v, DType dtype, int device) {
+DType pack_dtype(DType d) {
+  if (d == DType::Bool) return DType::Bool;
+  return is_float(d) ? DType::F64 : DType::I64;
+}
+
+c10::Scalar scalar_of(const c10::IValue& v, int sub) {
+  if (!v.isTensor() && !v.isList() && !v.isTensorList()) return v.toScalar();
+  at::Tensor t = sub < 0 ? v.toTensor()
+                         : (v.isTensorList() ? v.toTensorList().get(sub)
+                                             : v.toList().get(sub).toTensor());
+  return t.item();
+}
+
+// Scalar values repeat from run to run (learning rates, constants), so the
+// pack buffers are kept per content.
+std::vector<pjrt::BufferPtr> scalar_packs(const std::vector<ScalarSource>& scalars,
+                                          const std::vector<std::pair<DType, int>>& packs,
+                                          const std::function<c10::Scalar(const ScalarSource&)>& of,
+                                          int device) {
   static std::mutex mu;
   static auto& memo = *new std::unordered_map<std::string, pjrt::BufferPtr>();
-  alignas(8) unsigned char bytes[8] = {0};
-  if (dtype == DType::F64) {
-    double d = v.toScalar().toDouble();
-    std::memcpy(bytes, &d, 8);
-  } else if (dtype == DType::Bool) {
-    bytes[0] = v.toScalar().toBool() ? 1 : 0;
-  } else {
-    int64_t i = v.toScalar().toLong();
-    std::memcpy(bytes, &i, 8);
+  std::vector<pjrt::BufferPtr> out;
+  for (const auto& [dtype, count] : packs) {
+    std::string bytes;
+    bytes.reserve(static_cast<size_t>(count) * 8 + 2);
+    for (const ScalarSource& s : scalars) {
+      if (s.dtype != dtype) continue;
+      c10::Scalar v = of(s);
+      if (dtype == DType::F64) {
+        put(bytes, v.toDouble());
+      } else if (dtype == DType::Bool) {
+        put(bytes, static_cast<uint8_t>(v.toBool()));
+      } else {
+        put(bytes, v.toLong());
+      }
+    }
+    const size_t nbytes = bytes.size();
+    TORCH_INTERNAL_ASSERT(nbytes == static_cast<size_t>(count) * itemsize(dtype));
+    bytes.push_back(static_cast<char>(dtype));
+    bytes.push_back(static_cast<char>(device));
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = memo.find(bytes);
+    if (it == memo.end()) {
+      int64_t dims[1] = {count};
+      auto buf = client().buffer_from_host(bytes.data(), dtype, dims, device);
+      metrics().bytes_to_device += static_cast<int64_t>(nbytes);
+      if (memo.size() > 4096) memo.clear();
+      it = memo.emplace(std::move(bytes), std::move(buf)).first;
+    }
+    out.push_back(it->second);
   }
-  std::string key(reinterpret_cast<char*>(bytes), 8);
-  key.push_back(static_cast<char>(dtype));
-  key.push_back(static_cast<char>(device));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = memo.find(key);
-  if (it != memo.end()) return it->second;
-  auto buf = client().buffer_from_host(bytes, dtype, {}, device);
-  metrics().bytes_to_device += static_cast<int64_t>(itemsize(dtype));
-  if (memo.size() > 4096) memo.clear();
-  memo.emplace(std::move(key), buf);
-  return buf;
+  return out;
 }
 
 pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device) {

@@ -93,6 +93,7 @@ struct Node {
   std::shared_ptr<const Template> tmpl;
   std::vector<int> out_slots;  // per output: graph slot of a fresh tensor, or -1
   std::vector<std::tuple<int, int, pjrt::BufferPtr>> host;  // (argument, element, upload)
+  std::vector<std::tuple<int, int, c10::Scalar>> host_scalars;  // 0-dim host tensors' values
   uint64_t rng[2] = {0, 0};
   const std::string* where = nullptr;
 };
@@ -107,6 +108,8 @@ struct GraphSlot {
 struct FusedEntry {
   pjrt::ExecutablePtr exe;
   std::vector<InputSource> inputs;
+  std::vector<ScalarSource> scalars;
+  std::vector<std::pair<DType, int>> packs;
   std::vector<int> out_slots;
 };
 
@@ -163,7 +166,8 @@ int slot_for(Graph& g, DeviceStorage* st) {
 }
 
 // Copies one argument for the node, replacing device tensors by placeholders
-// described in `descs`; host tensors are uploaded now (the caller may reuse them).
+// described in `descs`; host tensors are uploaded (0-dim ones read) now, as the
+// caller may reuse them.
 c10::IValue strip(Graph& g, Node& node, int arg, const c10::IValue& v) {
   auto one = [&](const at::Tensor& t, int sub) -> at::Tensor {
     TensorDesc d;
@@ -175,7 +179,10 @@ c10::IValue strip(Graph& g, Node& node, int arg, const c10::IValue& v) {
     if (!t.device().is_privateuseone()) {
       d.kind = TensorDesc::Host;
       node.descs.push_back(std::move(d));
-      node.host.emplace_back(arg, sub, host_input(t, -1, g.device));
+      if (t.dim() == 0)
+        node.host_scalars.emplace_back(arg, sub, t.item());
+      else
+        node.host.emplace_back(arg, sub, host_input(t, -1, g.device));
       return t;
     }
     d.kind = TensorDesc::Device;
@@ -364,6 +371,8 @@ std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& outs, size_t
   }
   p.b.ret(results);
   e->inputs = std::move(p.inputs);
+  e->scalars = std::move(p.scalars);
+  e->packs = p.b.packs();
   e->out_slots = outs;
   std::string text = p.b.module();
   if (const char* dir = std::getenv("TORCHTPU_DUMP_FUSED")) {
@@ -424,9 +433,6 @@ void flush_locked(Graph& g, const char* reason) {
           if (g.slots[in.index].state.donate)
             metrics().donated_bytes += static_cast<int64_t>(owned.back()->nbytes());
           break;
-        case InputSource::Scalar:
-          owned.push_back(scalar_buffer(node.args[in.index], in.dtype, g.device));
-          break;
         case InputSource::Host:
           for (const auto& [a, sub, buf] : node.host)
             if (a == in.index && sub == in.sub) owned.push_back(buf);
@@ -438,6 +444,14 @@ void flush_locked(Graph& g, const char* reason) {
         }
       }
     }
+    auto of = [&](const ScalarSource& s) -> c10::Scalar {
+      const Node& node = g.nodes[s.node];
+      for (const auto& [a, sub, v] : node.host_scalars)
+        if (a == s.index && sub == s.sub) return v;
+      return node.args[s.index].toScalar();
+    };
+    for (pjrt::BufferPtr& b : scalar_packs(entry->scalars, entry->packs, of, g.device))
+      owned.push_back(std::move(b));
     std::vector<pjrt::Buffer*> raw(owned.size());
     for (size_t i = 0; i < owned.size(); ++i) raw[i] = owned[i].get();
     std::vector<pjrt::BufferPtr> results = entry->exe->execute(raw, g.device);

@@ -16,12 +16,22 @@ namespace torchtpu::aten {
 
 // Where each program input comes from at run time.
 struct InputSource {
-  enum Kind : uint8_t { Storage, Scalar, Host, Rng } kind;
+  enum Kind : uint8_t { Storage, Host, Rng } kind;
   int node;   // call within the program (0 for single-call programs)
   int index;  // storage slot (Storage) or argument index
   int sub;    // element of a Tensor[] argument, -1 otherwise
   DType dtype;
   int64_t n;  // storage elements (Storage)
+};
+
+// A scalar program input: a Scalar argument or the value of a 0-dim host
+// tensor (Python numbers reach ops as such "wrapped numbers"). Scalars travel
+// packed, one rank-1 buffer per dtype (hlo::Builder::packed_scalar).
+struct ScalarSource {
+  int node;     // call within the program
+  int index;    // argument index
+  int sub;      // element of a Tensor[] argument, -1 otherwise
+  DType dtype;  // the pack: F64, I64 or Bool
 };
 
 // A storage as the program first sees it.
@@ -39,7 +49,8 @@ struct Program {
   std::vector<SlotState> slots;
   std::vector<hlo::Value> current;  // per slot: value after the calls lowered so far
   std::vector<InputSource> inputs;
-  std::vector<int> written;  // slots written, in first-write order
+  std::vector<ScalarSource> scalars;  // in creation order (= order within each pack)
+  std::vector<int> written;           // slots written, in first-write order
   std::vector<int> param_of_slot;
 
   void add_slot(SlotState s) {
@@ -85,8 +96,15 @@ struct CallKey {
 CallKey key_call(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& stack);
 // Elements of `dtype` in a storage of `nbytes` (which must hold whole ones).
 int64_t storage_elems(size_t nbytes, DType dtype);
-// A Scalar argument's buffer (memoized per value).
-pjrt::BufferPtr scalar_buffer(const c10::IValue& v, DType dtype, int device);
+// The pack a scalar of `d` travels in.
+DType pack_dtype(DType d);
+// The value of a Scalar argument, or of a 0-dim host tensor (sub >= 0: list element).
+c10::Scalar scalar_of(const c10::IValue& v, int sub);
+// The packed scalar buffers of one run, in `packs` order (memoized by content).
+std::vector<pjrt::BufferPtr> scalar_packs(const std::vector<ScalarSource>& scalars,
+                                          const std::vector<std::pair<DType, int>>& packs,
+                                          const std::function<c10::Scalar(const ScalarSource&)>& of,
+                                          int device);
 // The call's explicit generator argument, if any.
 std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_t first, size_t n);
 // Uploads a host tensor argument (sub >= 0: element of a list).

@@ -234,6 +234,20 @@ Value Builder::param(const Type& type, bool donate) {
   return new_value("%arg" + std::to_string(params_.size() - 1), type);
 }
 
+Value Builder::packed_scalar(DType d) {
+  auto it = std::find_if(packs_.begin(), packs_.end(), [&](const auto& p) { return p.first == d; });
+  if (it == packs_.end()) it = packs_.insert(packs_.end(), {d, {}});
+  Value v = new_value("%ps" + std::to_string(next_id_), Type{d, {}});
+  it->second.push_back(names_.back());
+  return v;
+}
+
+std::vector<std::pair<DType, int>> Builder::packs() const {
+  std::vector<std::pair<DType, int>> out;
+  for (const auto& [d, names] : packs_) out.emplace_back(d, static_cast<int>(names.size()));
+  return out;
+}
+
 void Builder::ret(const std::vector<Value>& results) {
   if (has_ret_) fail("ret", "called twice");
   std::string names, types;
@@ -257,9 +271,27 @@ std::string Builder::module() const {
     s += (i ? ", %arg" : "%arg") + std::to_string(i) + ": " + params_[i].first.str();
     if (params_[i].second) s += " {jax.buffer_donor = true}";
   }
+  // Packed scalars: one parameter per dtype, sliced into the scalars' names.
+  std::string unpack;
+  for (size_t k = 0; k < packs_.size(); ++k) {
+    const auto& [d, names] = packs_[k];
+    const int64_t count = static_cast<int64_t>(names.size());
+    const std::string pack = "%pack" + std::to_string(k), one = Type{d, {1}}.str();
+    const std::string type = Type{d, {count}}.str(), scalar = Type{d, {}}.str();
+    s += (params_.empty() && k == 0 ? "" : ", ") + pack + ": " + type;
+    for (int64_t j = 0; j < count; ++j) {
+      const std::string& nm = names[j];
+      unpack += "    " + nm + "_1 = \"stablehlo.slice\"(" + pack + ") {start_indices = " +
+                arr({j}) + ", limit_indices = " + arr({j + 1}) + ", strides = " + arr({1}) +
+                "} : (" + type + ") -> " + one + "\n";
+      unpack += "    " + nm + " = \"stablehlo.reshape\"(" + nm + "_1) : (" + one + ") -> " + scalar +
+                "\n";
+    }
+  }
   s += ") -> (";
   for (size_t i = 0; i < results_.size(); ++i) s += (i ? ", " : "") + results_[i].str();
   s += ") {\n";
+  s += unpack;
   for (const std::string& l : lines_) s += "    " + l + "\n";
   s += "    " + ret_line_ + "\n  }\n}\n";
   return s;

@@ -47,6 +47,12 @@ class Builder {
  public:
   // Adds a @main parameter. `donate` marks it `jax.buffer_donor = true`.
   Value param(const Type& type, bool donate = false);
+  // A rank-0 program input of dtype `d` that arrives packed: all scalars of a
+  // dtype come in one rank-1 parameter, after the param()s, so a program with
+  // hundreds of scalars takes a few buffers instead of hundreds.
+  Value packed_scalar(DType d);
+  // The packs' dtypes in parameter order and their sizes.
+  std::vector<std::pair<DType, int>> packs() const;
   // Sets @main's results. Must be called exactly once, after all ops.
   void ret(const std::vector<Value>& results);
   // The complete module text.
@@ -156,6 +162,7 @@ class Builder {
   Value emit(const std::string& rhs_and_type, const Type& type);  // appends "%vN = ..."
   std::string name(const Value& v) const;
   std::vector<std::pair<Type, bool>> params_;
+  std::vector<std::pair<DType, std::vector<std::string>>> packs_;  // names of packed scalars
   std::vector<std::string> lines_;
   std::vector<Type> results_;
   std::string ret_line_;

@@ -244,6 +244,24 @@ TEST(HloRun, UnaryOpsAndDonatedParam) {
   expect_vec<float>(out[3], {3}, {2, 1, 0});
 }
 
+TEST(HloRun, PackedScalarsArriveAfterParamsOnePackPerDtype) {
+  Builder b;
+  Value a = b.packed_scalar(DType::F64);
+  Value x = b.param(Type{DType::F32, {2}});
+  Value k = b.packed_scalar(DType::I64);
+  Value c = b.packed_scalar(DType::F64);
+  auto as_f32 = [&](Value s) { return b.broadcast_in_dim(b.convert(s, DType::F32), {2}, {}); };
+  b.ret({b.binary("add", b.binary("multiply", x, as_f32(a)), as_f32(c)), as_f32(k)});
+  using P = std::pair<DType, int>;
+  EXPECT_EQ(b.packs(), (std::vector<P>{{DType::F64, 2}, {DType::I64, 1}}));
+  EXPECT_NE(b.module().find("%arg0: tensor<2xf32>, %pack0: tensor<2xf64>, %pack1: tensor<1xi64>"),
+            std::string::npos);
+  auto out = run(b, {f32({2}, {1, 2}), Host::of<double>(DType::F64, {2}, {3.0, 0.5}),
+                     i64({1}, {7})});
+  expect_vec<float>(out[0], {2}, {3.5f, 6.5f});
+  expect_vec<float>(out[1], {2}, {7.f, 7.f});
+}
+
 TEST(HloRun, ConstantsRoundTrip) {
   Builder b;
   auto f = [&](double v, DType t) { return b.convert(b.constant(v, t), DType::F64); };

@@ -293,6 +293,37 @@ def test_changing_learning_rate_does_not_recompile(fused):
     assert torchtpu.metrics()["fused_cache_hits"] - hits == 3
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_python_numbers_travel_packed_and_are_read_at_the_call(mode):
+    x = torch.randn(64, device="tpu")
+    a = torch.tensor(2.0)  # a 0-dim CPU tensor: read when the op is called
+
+    def chain(s):
+        y = x
+        for k in range(40):
+            y = y * (1.0 + k / 1000) + s - 0.25
+        return y * a
+
+    def want(s):
+        y = x.cpu()
+        for k in range(40):
+            y = y * (1.0 + k / 1000) + s - 0.25
+        return y * 2.0
+
+    with torchtpu.eager_mode(mode):
+        chain(0.5).cpu()  # warm-up: compile, upload the scalar packs once
+        before = torchtpu.metrics()
+        out = chain(0.5)
+        a.fill_(3.0)  # after the call: must not change the recorded value
+        got = out.cpu()
+        a.fill_(2.0)
+        # Same numbers again: the packed scalar buffers are reused (none uploaded).
+        assert _delta(before, "bytes_to_device") == 0
+        assert_tpu_close(chain(0.75), want(0.75))  # new numbers, same program
+    torch.testing.assert_close(got, want(0.5))
+    assert _delta(before, "compiles") == 0
+
+
 # --- errors
 
 
