@@ -17,6 +17,7 @@ merges ``[2, s0]`` into ``[2*s0]`` keeps where the valid elements are.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from typing import Any
 
 import sympy
 import torch
+import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule, Node
 
 aten = torch.ops.aten
@@ -176,6 +178,10 @@ class Ctx:
             return x
         return torch.where(self.mask(layout), x, value)
 
+    def value(self, e: sympy.Expr) -> Any:
+        """A size expression used as a value, at the real sizes."""
+        return _number(e, tuple(sorted(self.ns.items(), key=str)))
+
     def real(self, dims: Sequence[Dim]) -> int:
         """Number of valid elements in the given dims."""
         total = 1
@@ -183,6 +189,14 @@ class Ctx:
             for f in dim:
                 total *= self.ns[f] if _is_sym(f) else f
         return total
+
+
+@functools.lru_cache(maxsize=4096)
+def _number(e: sympy.Expr, ns: tuple) -> Any:
+    v = e.xreplace({s: sympy.Integer(n) for s, n in ns})
+    if v is sympy.true or v is sympy.false:
+        return bool(v)
+    return int(v) if v.is_Integer else float(v)
 
 
 def _neutral(kind: str, dtype: torch.dtype) -> Any:
@@ -218,6 +232,23 @@ def _bind(op: torch._ops.OpOverload, node: Node) -> dict:
 
 def _val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, Node) else node
+
+
+def _with_values(inner: Callable | None, op: Callable, values: list) -> Callable:
+    """``inner`` (a rewritten op taking the context) or ``op``, with the size arguments
+    that are values replaced by their real values."""
+
+    def call(ctx: Ctx, *args: Any, **kwargs: Any) -> Any:
+        args = list(args)
+        for pos, e in values:
+            if isinstance(pos, int):
+                args[pos] = ctx.value(e)
+            else:
+                kwargs[pos] = ctx.value(e)
+        return inner(ctx, *args, **kwargs) if inner is not None else op(*args, **kwargs)
+
+    call.__name__ = f"real_sizes_{getattr(op, '__name__', 'op').replace('.', '_')}"
+    return call
 
 
 def _masking_call(op: Callable, slots: list) -> Callable:
@@ -353,8 +384,10 @@ class Planner:
             return lay[idx] if isinstance(lay, list) else None
         if not isinstance(target, torch._ops.OpOverload):
             # SymInt arithmetic runs with bucket sizes; anything else must not see padding.
-            vals = [_val(a) for a in node.all_input_nodes] + [_val(node)]
-            if any(isinstance(v, torch.Tensor) for v in vals):
+            outs = [v for v in pytree.tree_leaves(_val(node)) if isinstance(v, torch.Tensor)]
+            if any(_padded(self.layouts.get(a)) for a in node.all_input_nodes) or any(
+                not _expr(s).is_Integer for v in outs for s in v.shape
+            ):
                 raise Unsupported("no bucketing rule for this call")
             return None
         op = target
@@ -378,13 +411,25 @@ class Planner:
             isinstance(v, torch.Tensor) and any(not _expr(s).is_Integer for s in v.shape)
             for v in outs
         )
-        self._no_value_use(op, b)
-        if not padded_in and not sym_out:
-            return None
-        if torch.Tag.nondeterministic_seeded in op.tags:
-            raise Unsupported("random values at the bucket size would differ from eager")
+        values = self._value_uses(op, b)
+        layout = None
+        if padded_in or sym_out:
+            if torch.Tag.nondeterministic_seeded in op.tags:
+                raise Unsupported("random values at the bucket size would differ from eager")
+            try:
+                layout = self._rule(node, op, name, b, tensors)
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+                raise Unsupported(f"cannot plan it ({type(e).__name__}: {e})") from None
+        if values:
+            self.actions[node] = _with_values(self.actions.get(node), op, values)
+        return layout
+
+    def _rule(self, node: Node, op: Any, name: str, b: dict, tensors: list) -> Any:
+        out = _val(node)
         rule = getattr(self, f"_r_{name}", None)
         if rule is None:
+            if torch.Tag.pointwise in op.tags:  # before reductions: max.other is pointwise
+                return self._pointwise(node, tensors)
             if name in _VIEWS_SAME:
                 return self._r_same(node, op, b)
             if name in _CREATE or name in _CREATE_NEW:
@@ -397,27 +442,31 @@ class Planner:
                 return self._scan(node, op, b, _SCAN_NEUTRAL[name])
             if name in _SOFTMAX:
                 return self._softmax(node, op, b)
-            if torch.Tag.pointwise in op.tags:
-                return self._pointwise(node, tensors)
             raise Unsupported("no bucketing rule for this op on padded dims")
         return rule(node, op, b)
 
-    def _no_value_use(self, op: Any, b: dict) -> None:
-        """A size runs at its bucket value, so it may only size things (view sizes,
-        creation sizes, slice bounds checked by their rules), never be a value."""
+    def _value_uses(self, op: Any, b: dict) -> list:
+        """Sizes used as values (``x.sum(1) / x.shape[1]``, a mean's backward) must be
+        the real sizes, not the buckets: (position, expression) of each such argument.
+        Sizes that size things (view, creation, slice bounds checked by their rules)
+        keep the bucket value."""
         name = op.overloadpacket.__name__
+        out = []
         for a in op._schema.arguments:
-            v = b[a.name][1]
+            pos, v = b[a.name]
+            # SymInt prints as int in schema types.
+            if name in _SIZE_OPS and "int" in str(a.type) or (name == "arange" and a.name == "end"):
+                continue
             for x in v if isinstance(v, (list, tuple)) else [v]:
                 x = _val(x)
                 if not isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                     continue
                 if not (_expr(x).free_symbols & self.syms):
                     continue
-                # SymInt prints as int in schema types.
-                size_arg = "int" in str(a.type) and name in _SIZE_OPS
-                if not (size_arg or (name == "arange" and a.name == "end")):
-                    raise Unsupported(f"uses the size {_expr(x)} as a value")
+                if x is not _val(v):
+                    raise Unsupported(f"uses the size {_expr(x)} inside a list")
+                out.append((pos, _expr(x)))
+        return out
 
     # ---- shape-only ops
 
@@ -577,6 +626,36 @@ class Planner:
         lay[d] = self.L(b["index"][1])[0] if _val(b["index"][1]).dim() else (1,)
         return self._store(tuple(lay))
 
+    def _r_flip(self, node, op, b):
+        lay = self.L(b["self"][1])
+        if any(_dim_padded(lay[d % len(lay)]) for d in b["dims"][1]):
+            raise Unsupported("flips a padded dim")
+        return self._store(lay)
+
+    def _r_gather(self, node, op, b):
+        # Index values are positions < n, the same in the padded layout when the dim is
+        # one factor; garbage index entries only fill garbage positions.
+        lay = self.L(b["self"][1])
+        d = b["dim"][1] % max(len(lay), 1)
+        if lay and len(lay[d]) != 1:
+            raise Unsupported("gathers along a merged padded dim")
+        idx = self.L(b["index"][1])
+        if any(_dim_padded(x) and x != y for i, (x, y) in enumerate(zip(idx, lay)) if i != d):
+            raise Unsupported("index with different padding")
+        return self._store(idx)
+
+    def _r_scatter(self, node, op, b):
+        # Only an unpadded index and source: a garbage index could write into valid
+        # positions.
+        lay = self.L(b["self"][1])
+        d = b["dim"][1] % max(len(lay), 1)
+        srcs = [b["index"][1]] + ([b["src"][1]] if "src" in b else [])
+        if any(_padded(self.layouts.get(t)) for t in srcs) or (lay and len(lay[d]) != 1):
+            raise Unsupported("scatter with a padded index or source")
+        return self._store(lay)
+
+    _r_scatter_add = _r_scatter
+
     # ---- ops that mix values along a dim
 
     def _dims(self, b: dict, rank: int, key: str = "dim") -> list[int]:
@@ -636,11 +715,14 @@ class Planner:
         x = b["self"][1]
         lay = self.L(x)
         dims = self._dims(b, len(lay))
-        keepdim = bool(b["keepdim"][1])
+        keepdim = bool(b["keepdim"][1]) if "keepdim" in b else False
         out = self._store(self._reduced(lay, dims, keepdim))
         if any(_dim_padded(lay[d]) for d in dims):
-            corr = b["correction"][1]
-            corr = 1 if corr is None else corr
+            if "correction" in b:
+                corr = b["correction"][1]
+                corr = 1 if corr is None else corr
+            else:
+                corr = 1 if b["unbiased"][1] in (None, True) else 0
             red = [lay[d] for d in dims]
 
             def var(ctx: Ctx, *args: Any, **kwargs: Any) -> Any:
@@ -759,10 +841,9 @@ class Planner:
     def _r_nll_loss_forward(self, node, op, b):
         x, t = b["self"][1], b["target"][1]
         lx, lt = self.L(x), self.L(t)
-        if lx and _dim_padded(lx[-1]) and len(lx) > 1:
-            raise Unsupported("padded class dim")
-        if len(lx) > 1 and _norm_dim(lx[0]) != _norm_dim(lt[0]):
-            raise Unsupported("input and target with different padding")
+        # Input [N, C, d1...] (or [C]), target [N, d1...].
+        if len(lx) > 1 and (_dim_padded(lx[1]) or lx[:1] + lx[2:] != lt):
+            raise Unsupported("padded class dim, or input and target padded differently")
         ignore = b["ignore_index"][1]
         self.actions[node] = _masking_call(
             op, [(b["target"][0], lt, ignore), (b["self"][0], lx, 0)]
@@ -773,13 +854,16 @@ class Planner:
     def _r_nll_loss_backward(self, node, op, b):
         x, t, g = b["self"][1], b["target"][1], b["grad_output"][1]
         lx, lt = self.L(x), self.L(t)
-        if lx and _dim_padded(lx[-1]) and len(lx) > 1:
-            raise Unsupported("padded class dim")
+        if len(lx) > 1 and (_dim_padded(lx[1]) or lx[:1] + lx[2:] != lt):
+            raise Unsupported("padded class dim, or input and target padded differently")
         ignore = b["ignore_index"][1]
         self.actions[node] = _masking_call(
             op, [(b["target"][0], lt, ignore), (b["grad_output"][0], self.L(g), 0)]
         )
         return self._store(lx)
+
+    _r_nll_loss2d_forward = _r_nll_loss_forward
+    _r_nll_loss2d_backward = _r_nll_loss_backward
 
     def _r_embedding_dense_backward(self, node, op, b):
         g = b["grad_output"][1]
@@ -894,6 +978,11 @@ class GraphPlan:
                 self.inputs.append(("pad" if node.name in pad_inputs else "keep", lay))
             else:
                 self.inputs.append(("keep", None))
+        # Masks live where the padded inputs do (other inputs may be CPU constants).
+        self.device = next(
+            (_val(n).device for n in placeholders if _padded(planner.layouts.get(n))),
+            torch.device("tpu"),
+        )
         missing = syms - set(self.sources)
         if missing:
             raise Unsupported(f"cannot read {sorted(map(str, missing))} from the graph inputs")

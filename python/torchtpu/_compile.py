@@ -174,9 +174,8 @@ def _padded(plan: Any, gm: torch.fx.GraphModule, buckets: Any, label: str) -> Ca
         if bs is None:
             out = _run_fused(gm, args)
         else:
-            device = next(a.device for a in args if isinstance(a, torch.Tensor))
             padded = plan.prepare(args, ns, bs)
-            out = plan.finish(_run_fused(plan.gm, [*padded, Ctx(ns, bs, device)]), ns, bs)
+            out = plan.finish(_run_fused(plan.gm, [*padded, Ctx(ns, bs, plan.device)]), ns, bs)
         if first:
             if bs is None:
                 reason = f"exact sizes {_sizes(real)}: {why}"
