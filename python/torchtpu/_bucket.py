@@ -180,7 +180,7 @@ class Ctx:
 
     def value(self, e: sympy.Expr) -> Any:
         """A size expression used as a value, at the real sizes."""
-        return _number(e, tuple(sorted(self.ns.items(), key=str)))
+        return _number(e, _key(self.ns))
 
     def real(self, dims: Sequence[Dim]) -> int:
         """Number of valid elements in the given dims."""
@@ -189,6 +189,10 @@ class Ctx:
             for f in dim:
                 total *= self.ns[f] if _is_sym(f) else f
         return total
+
+
+def _key(values: dict) -> tuple:
+    return tuple(sorted(values.items(), key=lambda kv: str(kv[0])))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1011,7 +1015,6 @@ class GraphPlan:
             node.args = (ctx, *node.args)
         graph.lint()
         self.gm = GraphModule(gm, graph)
-        self.actions = {_name(n) for n in planner.actions}
 
     def read_ns(self, args: Sequence) -> dict:
         return {
@@ -1023,7 +1026,7 @@ class GraphPlan:
         out = []
         for (kind, info), a in zip(self.inputs, args):
             if kind == "sym":
-                out.append(_subs(info, bs))
+                out.append(_number(info, _key(bs)))
             elif kind == "pad" and isinstance(a, torch.Tensor):
                 out.append(_pad(a, info, bs))
             else:
@@ -1035,7 +1038,7 @@ class GraphPlan:
         seq = [outs] if single else list(outs)
         for j, (kind, info) in enumerate(self.outputs):
             if kind == "sym":
-                seq[j] = _subs(info, ns)
+                seq[j] = _number(info, _key(ns))
             elif kind == "unpad" and isinstance(seq[j], torch.Tensor):
                 seq[j] = _unpad(seq[j], info, ns, bs)
         if single:
