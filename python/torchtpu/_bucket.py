@@ -930,9 +930,13 @@ def shape_env_of(graph: Graph) -> Any:
     return None
 
 
-def input_layouts(graph: Graph, syms: set, saved: dict | None = None) -> dict:
-    """Layouts of the placeholders: exact from their sizes, or for saved values of a
-    backward graph, the forward's layout (they stay padded between the two)."""
+def input_layouts(
+    graph: Graph, syms: set, saved: dict | None = None, outputs: Sequence = ()
+) -> dict:
+    """Layouts of the placeholders: exact from their sizes; for saved values of a
+    backward graph, the forward's layout (they stay padded between the two); for a
+    tangent whose sizes are not plain symbols, the one forward output layout with its
+    sizes."""
     out = {}
     for node in graph.nodes:
         if node.op != "placeholder":
@@ -941,9 +945,17 @@ def input_layouts(graph: Graph, syms: set, saved: dict | None = None) -> dict:
             out[node.name] = saved[node.name]
             continue
         v = _val(node)
-        if isinstance(v, torch.Tensor):
+        if not isinstance(v, torch.Tensor):
+            continue
+        try:
             lay = tuple(_exact_dim(s, syms) for s in v.shape)
-            out[node.name] = lay if _padded(lay) else None
+        except Unsupported:
+            sizes = [_expr(s) for s in v.shape]
+            same = {o for o in outputs if [_dim_size(d) for d in o] == sizes}
+            if not node.name.startswith("tangents") or len(same) != 1:
+                raise
+            lay = same.pop()
+        out[node.name] = lay if _padded(lay) else None
     return out
 
 
@@ -1004,6 +1016,7 @@ class GraphPlan:
                 self.outputs.append(("unpad", planner.layouts[o]))
             else:
                 self.outputs.append(("keep", None))
+        self.user_layouts = [info for kind, info in self.outputs if kind == "unpad"]
         self.saved_layouts = {
             o.name: planner.layouts.get(o) for o in outs[n_user:] if isinstance(o, Node)
         }
@@ -1028,7 +1041,7 @@ class GraphPlan:
             if kind == "sym":
                 out.append(_number(info, _key(bs)))
             elif kind == "pad" and isinstance(a, torch.Tensor):
-                out.append(_pad(a, info, bs))
+                out.append(_pad(a, info, ns, bs))
             else:
                 out.append(a)
         return out
@@ -1046,16 +1059,22 @@ class GraphPlan:
         return type(outs)(seq) if isinstance(outs, tuple) else seq
 
 
-def _pad(t: torch.Tensor, layout: Layout, bs: dict) -> torch.Tensor:
-    """Zero-pads the padded dims (each one symbol) on the host: a device-side pad would
-    be a program keyed by the real size."""
-    shape = [bs[d[0]] if _dim_padded(d) else int(t.shape[i]) for i, d in enumerate(layout)]
-    if list(t.shape) == shape:
+def _pad(t: torch.Tensor, layout: Layout, ns: dict, bs: dict) -> torch.Tensor:
+    """Zero-pads each padded factor from n to B on the host: a device-side pad would be
+    a program keyed by the real size."""
+    full = [_number(_dim_size(d), _key(bs)) for d in layout]
+    if list(t.shape) == full:
         return t
-    host = t.cpu()
-    full = host.new_zeros(shape)
-    full[tuple(slice(0, n) for n in host.shape)] = host
-    return full.to(t.device)
+    real, padded, keep = [], [], []
+    for dim in layout:
+        for f in dim:
+            real.append(ns[f] if _is_sym(f) else f)
+            padded.append(bs[f] if _is_sym(f) else f)
+            keep.append(slice(0, ns[f]) if _is_sym(f) else slice(None))
+    host = t.cpu().reshape(real)
+    out = host.new_zeros(padded)
+    out[tuple(keep)] = host
+    return out.reshape(full).to(t.device)
 
 
 def _unpad(t: torch.Tensor, layout: Layout, ns: dict, bs: dict) -> torch.Tensor:

@@ -201,6 +201,7 @@ class _Bounded:
         self.bucket_list = buckets
         self.exact_why: str | None = None
         self.saved: dict | None = None
+        self.user_layouts: list = []
         self.n_saved = 0
         self.buckets = None
 
@@ -235,6 +236,7 @@ class _Bounded:
             if set(saved) - set(fw_plan.saved_layouts):
                 raise Unsupported("saved values do not match the forward outputs")
             self.saved = fw_plan.saved_layouts
+            self.user_layouts = fw_plan.user_layouts
             self._plan(bw, syms, self.saved)
         except Unsupported as e:
             self._fallback(str(e))
@@ -247,7 +249,8 @@ class _Bounded:
         if saved is None:  # forward or inference: every input is the caller's
             return GraphPlan(gm, syms, input_layouts(gm.graph, syms), set(names), self.n_saved)
         pad = {n for n in names if n.startswith("tangents")}
-        return GraphPlan(gm, syms, input_layouts(gm.graph, syms, saved), pad, 0)
+        given = input_layouts(gm.graph, syms, saved, self.user_layouts)
+        return GraphPlan(gm, syms, given, pad, 0)
 
     def _compile(self, gm: torch.fx.GraphModule, kind: str) -> Callable:
         from ._bucket import Unsupported, graph_symbols

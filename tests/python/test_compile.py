@@ -270,6 +270,28 @@ def test_bounded_dynamism_masked_reductions_backward():
     assert not [e for e in torchtpu.compile_report() if e["event"] == "fallback"]
 
 
+def test_bounded_dynamism_flattened_output_backward():
+    def fn(x, w):
+        h = (x @ w).tanh()
+        return h.reshape(-1, 4)  # [2*n, 4]: the padded rows interleave
+
+    w = torch.randn(8, 4)
+    cf = _bounded(fn)
+    torchtpu.compile_report(clear=True)
+    for n in (3, 5, 6):
+        x = torch.randn(2, n, 8, requires_grad=True)
+        wc = w.clone().requires_grad_()
+        xt, wt = (t.detach().to("tpu").requires_grad_() for t in (x, w))
+        got, want = cf(xt, wt), fn(x, wc)
+        assert_tpu_close(got, want.detach())
+        g = torch.randn_like(want)  # a tangent with the flattened layout
+        got.backward(g.to("tpu"))
+        want.backward(g)
+        assert_tpu_close(xt.grad, x.grad, rtol=1e-4, atol=1e-5)
+        assert_tpu_close(wt.grad, wc.grad, rtol=1e-4, atol=1e-5)
+    assert _buckets_used("backward") == [8]
+
+
 def test_bounded_dynamism_user_buckets_and_exact_fallbacks():
     def fn(x):
         return x.softmax(1).cumsum(1).sum(1), x.sort(dim=1).values
