@@ -161,11 +161,206 @@ def test_graph_break_falls_back_to_eager():
     assert_tpu_close(got, ((x.cpu().sin() * 2) + 1).cos())
 
 
-def test_unsupported_option_is_reported():
-    with pytest.raises(Exception, match="bounded_dynamism"):
-        torch.compile(torch.sin, backend="tpu", options={"bounded_dynamism": True})(
-            torch.randn(3, device="tpu")
-        )
+def _raised_by_backend(fn, *args) -> BaseException:
+    """The backend's own exception (Dynamo wraps it in BackendCompilerFailed)."""
+    with pytest.raises(Exception) as info:
+        fn(*args)
+    return getattr(info.value, "inner_exception", info.value)
+
+
+def test_unknown_option_raises():
+    x = torch.randn(3, device="tpu")
+    err = _raised_by_backend(torch.compile(torch.sin, backend="tpu", options={"fast": 1}), x)
+    assert isinstance(err, ValueError) and "unknown options ['fast']" in str(err)
+    err = _raised_by_backend(torch.compile(torch.cos, backend="tpu", options={"buckets": [8]}), x)
+    assert isinstance(err, ValueError) and "needs bounded_dynamism" in str(err)
+
+
+def test_recompile_is_reported_with_its_cause():
+    fn = torch.compile(lambda x: x.sin() * 2, backend="tpu")
+    torchtpu.compile_report(clear=True)
+    fn(torch.randn(2, 5, device="tpu"))
+    fn(torch.randn(2, 7, device="tpu"))
+    events = torchtpu.compile_report()
+    recompiles = [e for e in events if e["event"] == "recompile"]
+    assert len(recompiles) == 1
+    assert "size mismatch at index 1. expected 5, actual 7" in recompiles[0]["reason"]
+    programs = [e["reason"] for e in events if e["event"] == "program"]
+    assert programs[0] == "static sizes" and programs[1].endswith("=7 (exact sizes)")
+
+
+class _SeqPool(torch.nn.Module):
+    """Per-position layers, then values mixed along the sequence (dim 1): masked
+    mean/max/var, a contraction over it and a softmax along it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 16)
+        self.out = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor):
+        h = F.gelu(self.inp(x))
+        gram = h.transpose(1, 2) @ h
+        pooled = h.mean(1) + h.amax(1) + h.var(1, correction=0) + gram.mean(-1)
+        return self.out(pooled), h.softmax(1)
+
+
+def _bounded(model, **extra):
+    return torch.compile(model, backend="tpu", options={"bounded_dynamism": True, **extra})
+
+
+def _buckets_used(graph_kind: str = "inference") -> list[int]:
+    out = []
+    for e in torchtpu.compile_report():
+        kind = e["graph"].endswith(graph_kind)
+        if e["event"] == "program" and kind and e["reason"].startswith("new bucket"):
+            out.append(int(e["reason"].split("=")[1].split()[0]))
+    return out
+
+
+def test_bounded_dynamism_lengths_1_to_512_compile_10_programs():
+    torch.manual_seed(0)
+    ref = _SeqPool()
+    m = _SeqPool().to("tpu")
+    m.load_state_dict(ref.state_dict())
+    m = _bounded(m)
+    gen = torch.Generator().manual_seed(0)
+    torchtpu.compile_report(clear=True)
+    before = torchtpu.metrics()["compiles"]
+    outs = {}
+    with torch.no_grad():
+        for n in range(1, 513):
+            x = torch.randn(1, n, 8, generator=gen)
+            got = m(x.to("tpu"))
+            if n in (1, 2, 3, 5, 17, 100, 257, 500, 512):
+                outs[n] = (x, got)
+    # Size 1 is its own (static) graph: Dynamo specializes it; then one program per
+    # power-of-two bucket, keyed by the bucket size, not the length.
+    assert torchtpu.metrics()["compiles"] - before <= 10
+    assert _buckets_used() == [2, 4, 8, 16, 32, 64, 128, 256, 512]
+    with torch.no_grad():
+        for n, (x, got) in outs.items():
+            want = ref(x)
+            assert got[1].shape == want[1].shape == (1, n, 16)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g.cpu(), w, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_bounded_dynamism_masked_reductions_backward():
+    torch.manual_seed(0)
+    ref = _SeqPool()
+    m = _SeqPool().to("tpu")
+    m.load_state_dict(ref.state_dict())
+    cm = _bounded(m)
+    torchtpu.compile_report(clear=True)
+    for n in (3, 5, 7):
+        x = torch.randn(2, n, 8)
+        xt = x.to("tpu").requires_grad_()
+        x.requires_grad_()
+        out, probs = cm(xt)
+        want_out, want_probs = ref(x)
+        # The mean's backward divides by the length: the real one, not the bucket.
+        (out.square().sum() + probs[:, :, 0].sum()).backward()
+        (want_out.square().sum() + want_probs[:, :, 0].sum()).backward()
+        assert_tpu_close(xt.grad, x.grad, rtol=1e-4, atol=1e-5)
+        for p, q in zip(m.parameters(), ref.parameters()):
+            assert_tpu_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+            p.grad, q.grad = None, None
+    assert _buckets_used("forward") == [8] and _buckets_used("backward") == [8]
+    assert not [e for e in torchtpu.compile_report() if e["event"] == "fallback"]
+
+
+def test_bounded_dynamism_flattened_output_backward():
+    def fn(x, w):
+        h = (x @ w).tanh()
+        return h.reshape(-1, 4)  # [2*n, 4]: the padded rows interleave
+
+    w = torch.randn(8, 4)
+    cf = _bounded(fn)
+    torchtpu.compile_report(clear=True)
+    for n in (3, 5, 6):
+        x = torch.randn(2, n, 8, requires_grad=True)
+        wc = w.clone().requires_grad_()
+        xt, wt = (t.detach().to("tpu").requires_grad_() for t in (x, w))
+        got, want = cf(xt, wt), fn(x, wc)
+        assert_tpu_close(got, want.detach())
+        g = torch.randn_like(want)  # a tangent with the flattened layout
+        got.backward(g.to("tpu"))
+        want.backward(g)
+        assert_tpu_close(xt.grad, x.grad, rtol=1e-4, atol=1e-5)
+        assert_tpu_close(wt.grad, wc.grad, rtol=1e-4, atol=1e-5)
+    assert _buckets_used("backward") == [8]
+
+
+def test_bounded_dynamism_user_buckets_and_exact_fallbacks():
+    def fn(x):
+        return x.softmax(1).cumsum(1).sum(1), x.sort(dim=1).values
+
+    def pooled(x):
+        return x.softmax(1).cumsum(1).sum(1)
+
+    torchtpu.compile_report(clear=True)
+    cf = _bounded(pooled, buckets=[4, 16])
+    sorted_fn = _bounded(fn)
+    for n in (3, 5, 12, 20):
+        x = torch.randn(2, n)
+        xt = x.to("tpu")
+        if n == 3:
+            torch._dynamo.mark_dynamic(xt, 1)  # symbolic from the first call
+        assert_tpu_close(cf(xt), pooled(x))
+        got = sorted_fn(xt)
+        for g, w in zip(got, fn(x)):
+            assert_tpu_close(g, w)
+    reasons = [e["reason"] for e in torchtpu.compile_report() if e["event"] != "recompile"]
+    assert _buckets_used() == [4, 16]  # 3 -> 4; 5 and 12 -> 16
+    assert any("above the largest bucket" in r for r in reasons)
+    fallbacks = [r for r in reasons if r.startswith("runs at exact sizes")]
+    assert len(fallbacks) == 1 and "aten.sort.default" in fallbacks[0]
+
+
+def test_bounded_dynamism_size_used_as_a_value_is_the_real_size():
+    def fn(x):
+        return x.sum(1) / x.shape[1] + torch.full((1,), x.shape[1] * 0.5, device=x.device)
+
+    cf = _bounded(fn)
+    torchtpu.compile_report(clear=True)
+    for n in (3, 5, 6):
+        x = torch.randn(2, n)
+        assert_tpu_close(cf(x.to("tpu")), fn(x))
+    assert _buckets_used() == [8]
+
+
+def test_bounded_dynamism_gpt_matches_cpu():
+    torch.manual_seed(0)
+    ref = GPT(layers=1)
+    model = GPT(layers=1).to("tpu")
+    model.load_state_dict(ref.state_dict())
+    cm = _bounded(model)
+    gen = torch.Generator().manual_seed(0)
+    torchtpu.compile_report(clear=True)
+    for n in (12, 9):  # one bucket: the second length compiles nothing
+        x, y = (t.to("tpu") for t in copy_task_batch(gen, 2, n, 64))
+        if n == 12:  # symbolic from the first call (else Dynamo traces it static first)
+            torch._dynamo.mark_dynamic(x, 1)
+            torch._dynamo.mark_dynamic(y, 1)
+        model.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        before = torchtpu.metrics()["compiles"]
+        loss = cm(x, y)
+        loss.backward()
+        want = ref(x.cpu(), y.cpu())
+        want.backward()
+        assert _rel([loss.item()], [want.item()]) <= 1e-4
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-6)
+        assert (torchtpu.metrics()["compiles"] == before) == (n == 9)
+    assert _buckets_used("forward") == [16] and _buckets_used("backward") == [16]
+    with torch.no_grad():
+        for n in (3, 4):  # one bucket: the program is reused
+            x, _ = copy_task_batch(gen, 2, n, 64)
+            assert_tpu_close(cm(x.to("tpu")), ref(x), rtol=1e-4, atol=1e-5)
+    assert _buckets_used() == [4]
+    assert not [e for e in torchtpu.compile_report() if e["event"] == "fallback"]
 
 
 def test_second_process_compiles_nothing():
