@@ -68,8 +68,9 @@ def step_time(
 
 
 # One process of the cold/warm compile cache benchmark: GPT training steps as in
-# examples/train_gpt.py. Times the first step alone and with model/optimizer setup
-# (AdamW's first construction alone takes ~2 s of Python imports, cached or not).
+# examples/train_gpt.py, eager or with the model under torch.compile(backend="tpu").
+# Times the first step alone and with model/optimizer setup (AdamW's first
+# construction alone takes ~2 s of Python imports, cached or not).
 _CACHE_CHILD = """
 import json, sys, time
 import torch, torchtpu
@@ -81,12 +82,13 @@ batches = [copy_task_batch(gen, 8, 32, 64) for _ in range(2)]
 torch.manual_seed(0)
 model = GPT().to("tpu")
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+fwd = torch.compile(model, backend="tpu") if sys.argv[2] == "compile" else model
 t1 = time.perf_counter()
 first = None
 for step in range(3):
     x, y = (t.to("tpu") for t in batches[step % 2])
     opt.zero_grad(set_to_none=True)
-    loss = model(x, y)
+    loss = fwd(x, y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
@@ -97,8 +99,9 @@ print(json.dumps({"first_step_s": first - t1, "setup_and_first_step_s": first - 
 """
 
 
-def cold_vs_warm() -> tuple[dict, dict]:
-    """Runs _CACHE_CHILD twice in fresh processes sharing one empty TORCHTPU_CACHE_DIR."""
+def cold_vs_warm(how: str = "eager") -> tuple[dict, dict]:
+    """Runs _CACHE_CHILD (``how``: "eager" or "compile") twice in fresh processes sharing
+    one empty TORCHTPU_CACHE_DIR."""
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
     runs = []
     with tempfile.TemporaryDirectory(prefix="torchtpu-bench-cache-") as cache_dir:
@@ -106,7 +109,7 @@ def cold_vs_warm() -> tuple[dict, dict]:
         env.pop("TORCHTPU_SHARED_CACHE_DIR", None)
         for _ in range(2):
             out = subprocess.run(
-                [sys.executable, "-c", _CACHE_CHILD, examples],
+                [sys.executable, "-c", _CACHE_CHILD, examples, how],
                 env=env,
                 check=True,
                 capture_output=True,
@@ -116,9 +119,10 @@ def cold_vs_warm() -> tuple[dict, dict]:
     return runs[0], runs[1]
 
 
-def print_cold_vs_warm() -> None:
-    cold, warm = cold_vs_warm()
-    print("\n| compile cache (GPT, fresh process) | cold | warm | cold / warm |")
+def print_cold_vs_warm(how: str = "eager") -> None:
+    cold, warm = cold_vs_warm(how)
+    what = "GPT" if how == "eager" else 'GPT under torch.compile(backend="tpu")'
+    print(f"\n| compile cache ({what}, fresh process) | cold | warm | cold / warm |")
     print("|---|---:|---:|---:|")
     for key, label in (
         ("first_step_s", "first training step, s"),
@@ -172,6 +176,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.cache_only:
         print_cold_vs_warm()
+        print_cold_vs_warm("compile")
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -228,6 +233,7 @@ def main() -> None:
         f"{m['donated_bytes'] / 1e6:.1f}"
     )
     print_cold_vs_warm()
+    print_cold_vs_warm("compile")
 
 
 if __name__ == "__main__":

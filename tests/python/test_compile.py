@@ -363,7 +363,7 @@ def test_bounded_dynamism_gpt_matches_cpu():
     assert not [e for e in torchtpu.compile_report() if e["event"] == "fallback"]
 
 
-def test_second_process_compiles_nothing():
+def test_second_process_compiles_nothing(tmp_path):
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
     code = f"""
         import sys, torch, torchtpu
@@ -375,7 +375,8 @@ def test_second_process_compiles_nothing():
         m(x).sum().backward()
         print(torchtpu.metrics()["compiles"], torchtpu.metrics()["compiled_graphs"])
         """
-    first = check_py(code).stdout.split()
-    second = check_py(code).stdout.split()
+    env = {"TORCHTPU_CACHE_DIR": str(tmp_path)}  # empty: earlier tests share the session's
+    first = check_py(code, env).stdout.split()
+    second = check_py(code, env).stdout.split()
     assert int(first[-2]) > 0 and int(first[-1]) == 2  # forward and backward graphs
     assert int(second[-2]) == 0 and int(second[-1]) == 2
