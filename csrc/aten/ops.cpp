@@ -377,9 +377,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // convolution and convolution_backward have CompositeExplicitAutograd kernels
 // that route PrivateUse1 to convolution_overrideable (no meta kernel, so it
 // cannot be lowered); registering the boxed kernel sends them to their rules.
+// index.Tensor's structured kernel runs its meta function on the real
+// arguments first, which turns a boolean mask into indices on the device (one
+// host sync) before index.Tensor_out does it again; taken directly, the mask
+// is expanded once (expand_bool_indices).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
+  m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

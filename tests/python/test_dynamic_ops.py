@@ -103,14 +103,19 @@ def test_equal(eager):
     assert torch.equal(n.to("tpu"), n.to("tpu")) == torch.equal(n, n)
 
 
-def test_nonzero_syncs_once_without_fallback():
-    """nonzero reads one count from the device and never falls back to the CPU."""
+@pytest.mark.parametrize(
+    "fn",
+    [torch.nonzero, lambda x: x[x > 0], lambda x: x[:, x[0] > 0]],
+    ids=["nonzero", "bool_mask_index", "bool_mask_index_dim1"],
+)
+def test_value_dependent_ops_sync_once_without_fallback(fn):
+    """One count read from the device, never a CPU fallback."""
     import torchtpu
 
     x = _x().to("tpu")
     torch.tpu.synchronize()
     torchtpu.reset_metrics()
-    torch.nonzero(x)
+    fn(x)
     m = torchtpu.metrics()
     assert m["fallbacks"] == 0
     assert m["host_syncs"] == 1
