@@ -475,6 +475,40 @@ TPU_LOWERING(elementwise_logic) {
     binary(name, {"Tensor", "Scalar", "Scalar_Tensor"},
            [o](Ctx&, Ex x, Ex y) { return x.bin(o, y); });
   }
+  // Euclid's algorithm on every element pair at once, until all remainders are 0.
+  auto gcd = [](Ex x, Ex y) {
+    Builder& b = *x.b;
+    std::vector<Value> st = b.while_loop(
+        {x.un("abs").v, y.un("abs").v},
+        [&](const V& s) -> Value {
+          Ex nz = Ex(b, s[1]).cmp(Cmp::NE, Ex(b, s[1]).k(0));
+          std::vector<int64_t> all(static_cast<size_t>(s[1].rank()));
+          for (size_t k = 0; k < all.size(); ++k) all[k] = static_cast<int64_t>(k);
+          return b.reduce(nz.v, b.constant(0, DType::Bool), all, hlo::Reducer::Or);
+        },
+        [&](const V& s) -> V {
+          Ex a(b, s[0]), d(b, s[1]);
+          Ex nz = d.cmp(Cmp::NE, d.k(0));
+          Ex r = a.bin("remainder", where(nz, d, d.k(1)));
+          return {where(nz, d, a).v, where(nz, r, d.k(0)).v};
+        });
+    return Ex(b, st[0]);
+  };
+  binary("gcd", {""}, [gcd](Ctx&, Ex x, Ex y) { return gcd(x, y); });
+  binary("lcm", {""}, [gcd](Ctx&, Ex x, Ex y) {
+    Ex g = gcd(x, y), zero = g.cmp(Cmp::EQ, g.k(0));
+    return where(zero, g.k(0), (x / where(zero, g.k(1), g) * y).un("abs"));
+  });
+  // Shift amounts outside [0, bits) give 0 (left) or the sign fill (right), as
+  // on the CPU: StableHLO reads the amount as unsigned and saturates the same way.
+  for (const char* name : {"bitwise_left_shift", "__lshift__"})
+    binary(name, {"Tensor", "Scalar", "Tensor_Scalar", "Scalar_Tensor"},
+           [](Ctx&, Ex x, Ex y) { return x.bin("shift_left", y); });
+  for (const char* name : {"bitwise_right_shift", "__rshift__"})
+    binary(name, {"Tensor", "Scalar", "Tensor_Scalar", "Scalar_Tensor"}, [](Ctx&, Ex x, Ex y) {
+      bool is_unsigned = x.v.dtype() == DType::U8 || x.v.dtype() == DType::Bool;
+      return x.bin(is_unsigned ? "shift_right_logical" : "shift_right_arithmetic", y);
+    });
   reg("isnan", [](Ctx& c) -> V {
     Ex x(c.b, c.in(0));
     return {is_float(x.v.dtype()) ? is_nan(x) : Ex(c.b, c.b.splat(0, c.out(0)))};

@@ -121,7 +121,7 @@ def _no_lowering(op, short: str, args, kwargs):
         f"[tpu] {_describe(short, args, kwargs)} has no tpu lowering (its decomposition "
         "runs the op itself). Set TORCHTPU_CPU_FALLBACK=1 to run unsupported ops on the "
         "CPU (slow), or report the op."
-    )
+    ) from None
 
 
 def decomposed_ops() -> list[str]:

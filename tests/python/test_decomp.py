@@ -61,20 +61,41 @@ def test_ops_with_rules_are_not_decomposed():
     assert torchtpu.metrics()["decomposed"] == before
 
 
-def test_circular_decomposition_is_reported_or_falls_back():
-    # gcd.out's decomposition runs aten::gcd, whose kernel calls gcd.out again.
-    a, b = torch.tensor([12, 18, 7]), torch.tensor([8, 12, 3])
-    with pytest.raises(NotImplementedError, match=r"aten::gcd\.out\(int64\[3\], int64\[3\]"):
-        torch.gcd(a.to("tpu"), b.to("tpu"))
+_CIRCULAR = """
+import torch
+from torch._decomp import decomposition_table
+
+# A decomposition that runs its own op (as prims-based references of structured ops
+# can): bincount has no rule and no decomposition of its own.
+op = torch.ops.aten.bincount.default
+decomposition_table[op] = lambda x, weights=None, minlength=0: op(x, weights, minlength)
+import torchtpu
+
+x = torch.tensor([1, 3, 3, 0])
+"""
+
+
+def test_circular_decomposition_is_reported():
     check_py(
-        """
-        import torch, torchtpu
-        a, b = torch.tensor([12, 18, 7]), torch.tensor([8, 12, 3])
-        out = torch.empty(0, dtype=torch.long, device="tpu")
-        r = torch.gcd(a.to("tpu"), b.to("tpu"), out=out)
-        assert r is out and out.device.type == "tpu"
-        assert torch.equal(out.cpu(), torch.gcd(a, b)), out
-        assert torchtpu.metrics()["fallback_ops"] == {"gcd.out": 1}, torchtpu.metrics()
-        """,
+        _CIRCULAR
+        + """
+try:
+    torch.bincount(x.to("tpu"))
+    raise SystemExit("no error")
+except NotImplementedError as e:
+    assert "aten::bincount(int64[4]) has no tpu lowering (its decomposition runs the op itself)" in str(e), e
+"""
+    )
+
+
+def test_circular_decomposition_falls_back_to_cpu():
+    check_py(
+        _CIRCULAR
+        + """
+out = torch.bincount(x.to("tpu"))
+assert out.device.type == "tpu" and torch.equal(out.cpu(), torch.bincount(x)), out
+assert torchtpu.metrics()["fallback_ops"] == {"bincount": 1}, torchtpu.metrics()
+assert torchtpu.metrics()["decomposed"] == 0
+""",
         env={"TORCHTPU_CPU_FALLBACK": "1"},
     )

@@ -38,6 +38,26 @@ CASES = {
         lambda: [_f(2, 3, 5), torch.rand(3).requires_grad_(True)],
     ),
     "hardshrink": (lambda d, x: F.hardshrink(x, 0.5), lambda: [_f(4, 6)]),
+    "gcd_lcm": (
+        lambda d, x, y: torch.stack([torch.gcd(x, y), torch.lcm(x, y)]),
+        lambda: [torch.tensor([12, -18, 7, 0, 0, 1071]), torch.tensor([8, 12, -3, 5, 0, 462])],
+    ),
+    # shift amounts past the width give 0 (left) or the sign fill (right)
+    "left_shift": (
+        lambda d, x, y: torch.bitwise_left_shift(x, y) + (x << 3),
+        lambda: [torch.tensor([1, -8, 5, 7, 100, -1]), torch.tensor([0, 1, 3, 9, 63, 70])],
+    ),
+    "right_shift_int32": (
+        lambda d, x, y: torch.bitwise_right_shift(x, y) + (x >> 1),
+        lambda: [
+            torch.tensor([1, -8, 5, 7, 100, -1], dtype=torch.int32),
+            torch.tensor([0, 1, 3, 9, 31, 40], dtype=torch.int32),
+        ],
+    ),
+    "right_shift_uint8": (
+        lambda d, x, y: x >> y,
+        lambda: [torch.tensor([255, 128, 5], dtype=torch.uint8), torch.tensor([1, 7, 9]).byte()],
+    ),
     # nn.utils.weight_norm's op on devices other than the CPU
     "weight_norm_dim0": (
         lambda d, v, g: torch._weight_norm(v, g, 0),
