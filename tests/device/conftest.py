@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
-from harness import BACKEND_ENV  # noqa: E402
+from harness import BACKEND_ENV
 
 for _name in BACKEND_ENV:
     os.environ.pop(_name, None)

@@ -67,7 +67,9 @@ class _Recorder:
                 "nodeid": report.nodeid,
                 "outcome": outcome,
                 "message": _message(report),
-                "seconds": round(time.monotonic() - self.t0.get(report.nodeid, time.monotonic()), 3),
+                "seconds": round(
+                    time.monotonic() - self.t0.get(report.nodeid, time.monotonic()), 3
+                ),
             }
         )
 

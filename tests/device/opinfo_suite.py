@@ -28,28 +28,29 @@ PyTorch's own TestCommon also expects to fail on every device.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
 import unittest
+import warnings
 from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
-
 import torchtpu  # registers the ``tpu`` device before common_device_type looks for it
 
+# The conformance harness's rules: TestCommon tolerance overrides, random-output ops.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
-import harness  # noqa: E402 - the conformance harness's tolerance and random-op rules
-
-from torch.testing._internal import common_device_type, common_utils  # noqa: E402
-from torch.testing._internal.common_device_type import (  # noqa: E402
+import harness
+from torch.testing._internal import common_device_type, common_utils
+from torch.testing._internal.common_device_type import (
     PrivateUse1TestBase,
     instantiate_device_type_tests,
     ops,
 )
-from torch.testing._internal.common_modules import modules  # noqa: E402
-from torch.testing._internal.common_utils import TestCase  # noqa: E402
+from torch.testing._internal.common_modules import modules
+from torch.testing._internal.common_utils import TestCase
 
 # The @ops wrapper appends "Caused by sample input at index N" naming the last sample the
 # generator produced; these tests consume every sample first and name the failing one.
@@ -59,9 +60,8 @@ common_utils.PRINT_REPRO_ON_FAILURE = False
 DTYPES = (torch.float32,)
 # (rtol, atol) of every tpu-vs-CPU comparison: PyTorch's test_compare_cpu bound.
 TOL = (1e-3, 1e-3)
-# Cap on samples per test (all when unset): TORCHTPU_DEVTESTS_MAX_SAMPLES=N.
+# Default cap on samples per test (all when unset): TORCHTPU_DEVTESTS_MAX_SAMPLES=N.
 MAX_SAMPLES = int(os.environ.get("TORCHTPU_DEVTESTS_MAX_SAMPLES", "0")) or None
-
 
 
 def instantiate(generic_cls: type, scope: dict) -> None:
@@ -123,16 +123,16 @@ def _has_tensor(sample) -> bool:
     return any(isinstance(t, torch.Tensor) for t in leaves)
 
 
-def _samples(op, dtype, requires_grad=False, reference=False):
-    """The op's samples made on the CPU, those with at least one tensor (an all-scalar
-    sample never reaches the device)."""
+def _samples(op, dtype, cap, requires_grad=False, reference=False):
+    """The op's first ``cap`` (None: all) samples made on the CPU that hold at least one
+    tensor (an all-scalar sample never reaches the device)."""
     torch.manual_seed(0)
     gen = (op.reference_inputs if reference else op.sample_inputs)(
         "cpu", dtype, requires_grad=requires_grad
     )
     n = 0
     for sample in gen:
-        if MAX_SAMPLES is not None and n >= MAX_SAMPLES:
+        if cap is not None and n >= cap:
             return
         if _has_tensor(sample):
             n += 1
@@ -257,6 +257,15 @@ def _out_like(x, device, empty: bool):
     return torch.full(x.shape, fill, dtype=x.dtype, device=device)
 
 
+@contextlib.contextmanager
+def _quiet_resize():
+    """PyTorch warns when an op resizes a non-empty out= tensor (some ops do for some
+    samples, on the CPU too); the values are checked all the same."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*was resized", UserWarning)
+        yield
+
+
 def _differentiable(out) -> list:
     return [
         t
@@ -279,9 +288,11 @@ def _grad_leaves(tree) -> list:
 # --------------------------------------------------------------------------- op tests
 
 
-def op_test_class(op_list, name: str = "TestOpsDevice") -> type:
+def op_test_class(op_list, name: str = "TestOpsDevice", max_samples=MAX_SAMPLES) -> type:
     """A generic test class over the OpInfos ``op_list`` (float32), for
-    ``instantiate_device_type_tests``."""
+    ``instantiate_device_type_tests``; each test takes the first ``max_samples`` samples
+    (None: all)."""
+    cap = max_samples
 
     class _Ops(TestCase):
         @ops(op_list, allowed_dtypes=DTYPES)
@@ -289,7 +300,7 @@ def op_test_class(op_list, name: str = "TestOpsDevice") -> type:
             """The op's reference inputs on tpu give the CPU's results."""
             log = _SampleLog(self)
             tol = _tolerance(op, dtype)
-            for i, sample in enumerate(_samples(op, dtype, reference=True)):
+            for i, sample in enumerate(_samples(op, dtype, cap, reference=True)):
 
                 def one(sample=sample):
                     cpu = _move_sample(op, sample, None)
@@ -315,13 +326,11 @@ def op_test_class(op_list, name: str = "TestOpsDevice") -> type:
             tpu) give the CPU's results for the contiguous inputs."""
             log = _SampleLog(self)
             tol = _tolerance(op, dtype)
-            for i, sample in enumerate(_samples(op, dtype)):
+            for i, sample in enumerate(_samples(op, dtype, cap)):
 
                 def one(sample=sample):
                     cpu = _move_sample(op, sample, None)
-                    dev = pytree.tree_map(
-                        _noncontiguous, _move_sample(op, sample, device)
-                    )
+                    dev = pytree.tree_map(_noncontiguous, _move_sample(op, sample, device))
                     # output_process_fn_grad makes results comparable where the op's answer
                     # is not unique (e.g. the signs of singular vectors).
                     post = sample.output_process_fn_grad
@@ -345,7 +354,7 @@ def op_test_class(op_list, name: str = "TestOpsDevice") -> type:
                 self.skipTest("no out= variant")
             log = _SampleLog(self)
             tol = _tolerance(op, dtype)
-            for i, sample in enumerate(_samples(op, dtype)):
+            for i, sample in enumerate(_samples(op, dtype, cap)):
                 for empty in (False, True):
 
                     def one(sample=sample, empty=empty):
@@ -358,12 +367,14 @@ def op_test_class(op_list, name: str = "TestOpsDevice") -> type:
                             if isinstance(out_cpu, list):
                                 out_cpu = tuple(out_cpu)
                             torch.manual_seed(0)
-                            ref = op(cpu[0], *cpu[1], out=out_cpu, **cpu[2])
+                            with _quiet_resize():
+                                ref = op(cpu[0], *cpu[1], out=out_cpu, **cpu[2])
                         except Exception:  # noqa: BLE001 - no out= form for this sample
                             return False
                         out = pytree.tree_map(lambda x: _out_like(x, device, empty), out_cpu)
                         torch.manual_seed(0)
-                        res = op(dev[0], *dev[1], out=out, **dev[2])
+                        with _quiet_resize():
+                            res = op(dev[0], *dev[1], out=out, **dev[2])
                         for r, o in zip(pytree.tree_leaves(res), pytree.tree_leaves(out)):
                             self.assertTrue(r is o, "out= returned a tensor other than out")
                         _assert_matches(self, out, out_cpu, tol, _values_checked(op, sample))
@@ -393,7 +404,7 @@ def op_test_class(op_list, name: str = "TestOpsDevice") -> type:
                 self.skipTest("no method, in-place, operator or alias variant")
             log = _SampleLog(self)
             tol = _tolerance(op, dtype)
-            for i, sample in enumerate(_samples(op, dtype)):
+            for i, sample in enumerate(_samples(op, dtype, cap)):
                 for label, fn, inplace in variants:
 
                     def one(sample=sample, fn=fn, inplace=inplace, label=label):
@@ -430,7 +441,7 @@ def op_test_class(op_list, name: str = "TestOpsDevice") -> type:
                 self.skipTest("op does not support autograd")
             log = _SampleLog(self)
             tol = _tolerance(op, dtype)
-            for i, sample in enumerate(_samples(op, dtype, requires_grad=True)):
+            for i, sample in enumerate(_samples(op, dtype, cap, requires_grad=True)):
 
                 def one(sample=sample):
                     cpu = _move_sample(op, sample, None)
@@ -497,12 +508,12 @@ def _module_values_checked(module_info, module, training) -> bool:
     return True
 
 
-def _module_inputs(module_info, dtype, training, requires_grad):
+def _module_inputs(module_info, dtype, training, requires_grad, cap):
     torch.manual_seed(0)
     items = module_info.module_inputs_func(
         module_info, device="cpu", dtype=dtype, requires_grad=requires_grad, training=training
     )
-    return [m for m in items if m.forward_input is not None][: MAX_SAMPLES or None]
+    return [m for m in items if m.forward_input is not None][:cap]
 
 
 def _build(module_info, module_input, dtype, training):
@@ -519,8 +530,12 @@ def _build(module_info, module_input, dtype, training):
     return m
 
 
-def module_test_class(module_list, name: str = "TestModulesDevice") -> type:
-    """A generic test class over the ModuleInfos ``module_list`` (float32)."""
+def module_test_class(
+    module_list, name: str = "TestModulesDevice", max_samples=MAX_SAMPLES
+) -> type:
+    """A generic test class over the ModuleInfos ``module_list`` (float32); each test takes
+    the first ``max_samples`` module inputs (None: all)."""
+    cap = max_samples
 
     class _Modules(TestCase):
         @modules(module_list, allowed_dtypes=DTYPES)
@@ -528,7 +543,7 @@ def module_test_class(module_list, name: str = "TestModulesDevice") -> type:
             """A module copied to tpu gives the CPU module's outputs, and its parameters
             and buffers (e.g. BatchNorm's running statistics) end up the same."""
             log = _SampleLog(self)
-            for i, mi in enumerate(_module_inputs(module_info, dtype, training, False)):
+            for i, mi in enumerate(_module_inputs(module_info, dtype, training, False, cap)):
 
                 def one(mi=mi):
                     m_cpu = _build(module_info, mi, dtype, training)
@@ -555,7 +570,7 @@ def module_test_class(module_list, name: str = "TestModulesDevice") -> type:
             """Gradients of the inputs and parameters under a fixed random cotangent match
             the CPU module's."""
             log = _SampleLog(self)
-            for i, mi in enumerate(_module_inputs(module_info, dtype, training, True)):
+            for i, mi in enumerate(_module_inputs(module_info, dtype, training, True, cap)):
 
                 def one(mi=mi):
                     m_cpu = _build(module_info, mi, dtype, training)
@@ -567,9 +582,7 @@ def module_test_class(module_list, name: str = "TestModulesDevice") -> type:
                     def grads(m, args, dev_name):
                         out = m(*args[0], **args[1])
                         outs = _differentiable(out)
-                        leaves = _grad_leaves(args) + [
-                            p for p in m.parameters() if p.requires_grad
-                        ]
+                        leaves = _grad_leaves(args) + [p for p in m.parameters() if p.requires_grad]
                         if not outs or not leaves:
                             raise _NothingToDifferentiate
                         return outs, _grads(outs, leaves, dev_name)

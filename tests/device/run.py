@@ -34,7 +34,7 @@ DEFAULT_LOG = ROOT / "build" / "device-tests" / "results.jsonl"
 DEFAULT_DOC = ROOT / "docs" / "DEVICE_TESTS.md"
 
 sys.path.insert(0, str(ROOT / "tests" / "conformance"))
-from harness import BACKEND_ENV  # noqa: E402 - imports no torch
+from harness import BACKEND_ENV
 
 # Test kinds in report order: (class prefix, test name prefix, label).
 KINDS = (
@@ -172,7 +172,13 @@ def run(args) -> dict:
             proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True
             )
-            rc, hung = _watch(proc, log, args.timeout_per_test)
+            try:
+                rc, hung = _watch(proc, log, args.timeout_per_test)
+            finally:
+                # pytest runs in its own session: stop it with the runner (e.g. on SIGTERM).
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
         collected, results, pending = read_log(log)
         current = pending[-1] if pending else None
         if hung and current:
@@ -208,7 +214,9 @@ def _watch(proc, log: Path, limit: float) -> tuple[int, bool]:
 def _append(log: Path, nodeid: str, outcome: str, message: str) -> None:
     with open(log, "a") as f:
         f.write(
-            json.dumps({"event": "result", "nodeid": nodeid, "outcome": outcome, "message": message})
+            json.dumps(
+                {"event": "result", "nodeid": nodeid, "outcome": outcome, "message": message}
+            )
             + "\n"
         )
 
@@ -216,7 +224,9 @@ def _append(log: Path, nodeid: str, outcome: str, message: str) -> None:
 # --------------------------------------------------------------------------- report
 
 
-_KIND_RE = re.compile(r"^AssertionError: ([\w.]+): (\d+)/(\d+) samples failed; first: (.*)$", re.S)
+_KIND_RE = re.compile(
+    r"^AssertionError: ([\w.]+): (\d+)/(\d+) samples failed; first: (.*)$", re.DOTALL
+)
 
 
 def cause(res: dict) -> str:
@@ -317,7 +327,7 @@ def render(log: Path, meta: dict, out: Path) -> None:
         "Device-generic test templates (`tests/device/opinfo_suite.py`) in the spirit of "
         "PyTorch's `test/test_ops.py` are instantiated for the `tpu` device with PyTorch's "
         "own machinery (`torch.testing._internal.common_device_type."
-        "instantiate_device_type_tests(..., only_for=\"tpu\")`, which picks "
+        'instantiate_device_type_tests(..., only_for="tpu")`, which picks '
         "`PrivateUse1TestBase`) over every float32 entry of `op_db` (`@ops`) and "
         "`module_db` (`@modules`). Every test compares tpu with PyTorch's CPU. "
         "This is a report, not a gate: `make test` runs only a representative subset "
@@ -398,9 +408,15 @@ def render(log: Path, meta: dict, out: Path) -> None:
     L.append(
         "- Samples: `op.reference_inputs('cpu', float32)` for test_compare_cpu, "
         "`op.sample_inputs('cpu', float32)` for the other op tests (`requires_grad=True` "
-        "for gradients), `module_info.module_inputs_func` for modules; all of them unless "
-        "`--max-samples`; samples without a tensor are left out. Inputs are made on the CPU "
-        "and copied to tpu, so both sides see the same values."
+        "for gradients), `module_info.module_inputs_func` for modules: "
+        + (
+            f"the first {meta['max_samples']} of each (`--max-samples`; most ops have fewer, "
+            "a few have hundreds)"
+            if meta.get("max_samples")
+            else "all of them"
+        )
+        + "; samples without a tensor are left out. Inputs are made on the CPU and copied to "
+        "tpu, so both sides see the same values."
     )
     L.append(
         "- Comparison: `TestCase.assertEqual(tpu result, CPU result, rtol=1e-3, atol=1e-3)` "
@@ -461,7 +477,7 @@ def _pct(a: int, b: int) -> str:
 
 
 def _duration(s: float) -> str:
-    s = int(round(s))
+    s = round(s)
     return f"{s // 3600} h {s % 3600 // 60} min" if s >= 3600 else f"{s // 60} min {s % 60} s"
 
 
@@ -470,12 +486,15 @@ def main() -> int:
     ap.add_argument("-k", default=None, help="pytest -k expression (no report unless --out)")
     ap.add_argument("--out", default=None, help=f"report path (default {DEFAULT_DOC})")
     ap.add_argument("--log", default=str(DEFAULT_LOG), help="JSON-lines outcome log")
-    ap.add_argument("--timeout-per-test", type=float, default=600.0)
-    ap.add_argument("--max-samples", type=int, default=0, help="samples per test (0: all)")
+    ap.add_argument("--timeout-per-test", type=float, default=300.0)
+    # The first 32 samples: all of them for most ops; a few ops have hundreds to 1440
+    # (max_pool2d), each shape compiling a program, which would multiply the run time.
+    ap.add_argument("--max-samples", type=int, default=32, help="samples per test (0: all)")
     ap.add_argument("--resume", action="store_true", help="keep the log's outcomes, run the rest")
     ap.add_argument("--render", action="store_true", help="only rewrite the report from --log")
     ap.add_argument("--module", default=str(MODULE), help=argparse.SUPPRESS)  # runner self-test
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run()'s finally
     log = Path(args.log)
     meta_path = log.with_suffix(".meta.json")
     if args.render:

@@ -6,6 +6,9 @@ and writes docs/DEVICE_TESTS.md.  ``make test`` does not collect this directory;
 representative subset in tests/python/test_device_suite.py does run there.
 
     pytest tests/device/test_ops_device.py -k "add_tpu"       # some tests by name
+
+Run directly, every test takes all of its samples; TORCHTPU_DEVTESTS_MAX_SAMPLES=N (what
+run.py's --max-samples sets) takes the first N.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from opinfo_suite import instantiate, module_test_class, op_test_class  # noqa: E402
-from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
-from torch.testing._internal.common_modules import module_db  # noqa: E402
+from opinfo_suite import instantiate, module_test_class, op_test_class
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.common_modules import module_db
 
 TestOpsDevice = op_test_class(op_db)
 TestModulesDevice = module_test_class(module_db)
