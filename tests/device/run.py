@@ -126,13 +126,15 @@ def _log_tail(path: Path, start: int) -> str:
     return " | ".join(keep[-3:])[-400:]
 
 
-def run(args) -> dict:
-    """Runs pytest until every collected test has a result; returns run metadata."""
+def run(args, save) -> None:
+    """Runs pytest until every collected test has a result; ``save(seconds, processes)``
+    records the progress after each pytest process (an interrupted run keeps it)."""
     log = Path(args.log)
     log.parent.mkdir(parents=True, exist_ok=True)
-    if log.exists() and not args.resume:
-        log.unlink()
     out_log = log.with_suffix(".pytest.log")
+    if not args.resume:
+        log.unlink(missing_ok=True)
+        out_log.unlink(missing_ok=True)
     skip_file = log.with_suffix(".done")
     env = {k: v for k, v in os.environ.items() if k not in BACKEND_ENV}
     env["PYTHONPATH"] = os.pathsep.join(
@@ -179,6 +181,7 @@ def run(args) -> dict:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+                save(time.monotonic() - t0, processes)
         collected, results, pending = read_log(log)
         current = pending[-1] if pending else None
         if hung and current:
@@ -191,7 +194,6 @@ def run(args) -> dict:
             # Finished normally: tests it did not report (none expected) are left as they are.
             break
         print(f"[devtests] restarting after {current}", file=sys.stderr, flush=True)
-    return {"seconds": time.monotonic() - t0, "processes": processes}
 
 
 def _watch(proc, log: Path, limit: float) -> tuple[int, bool]:
@@ -506,9 +508,19 @@ def main() -> int:
         + "".join(f" {a}" for a in map(shlex.quote, sys.argv[1:])),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "max_samples": args.max_samples or None,
+        "seconds": 0.0,
+        "processes": 0,
     }
-    meta.update(run(args))
-    meta_path.write_text(json.dumps(meta))
+    if args.resume and meta_path.exists():
+        # A resumed run continues the earlier one: its date and command, times added up.
+        meta = {**json.loads(meta_path.read_text()), "resumed": True}
+    base = (meta["seconds"], meta["processes"])
+
+    def save(seconds: float, processes: int) -> None:
+        meta["seconds"], meta["processes"] = base[0] + seconds, base[1] + processes
+        meta_path.write_text(json.dumps(meta))
+
+    run(args, save)
     collected, results, _ = read_log(log)
     counts = Counter(r["outcome"] for n, r in results.items() if n in set(collected))
     print(f"[devtests] {len(collected)} collected: {dict(counts)}", file=sys.stderr)
