@@ -355,6 +355,16 @@ def render(log: Path, meta: dict, out: Path) -> None:
     if ran:
         L.append(f"- Pass rate of the tests that ran (not skipped): {_pct(total['passed'], ran)}")
     L.append("")
+    bad = [(lab, res) for lab, res in failures if res["outcome"] in ("crash", "timeout")]
+    if bad:
+        L.append(
+            "Crashes and timeouts (the process died or hung; the runner restarted pytest after "
+            "the test, so only that test is lost):"
+        )
+        L.append("")
+        for (label, subject), res in bad:
+            L.append(f"- {subject}, {label}: {res['outcome']}: {first_line(res)}")
+        L.append("")
     L.append("| test kind | collected | passed | failed | skipped | error | crash | timeout |")
     L.append("|---|---|---|---|---|---|---|---|")
     for lb in labels + ["total"]:
@@ -400,10 +410,14 @@ def render(log: Path, meta: dict, out: Path) -> None:
         "itself runs (PyTorch's own skip decorators, e.g. `onlyCUDA`, also apply)."
     )
     L.append("")
-    L.append("| test kind | reason | count |")
+    L.append("| reason | count | by test kind |")
     L.append("|---|---|---|")
-    for (lb, reason), n in sorted(skips.items(), key=lambda kv: (-kv[1], kv[0])):
-        L.append(f"| {lb} | {reason.replace('|', '/')} | {n} |")
+    by_reason: dict[str, Counter] = defaultdict(Counter)
+    for (lb, reason), n in skips.items():
+        by_reason[reason][lb] += n
+    for reason, kinds in sorted(by_reason.items(), key=lambda kv: -sum(kv[1].values())):
+        detail = ", ".join(f"{lb.replace(': test_', ' ')} {n}" for lb, n in kinds.most_common())
+        L.append(f"| {reason.replace('|', '/')} | {sum(kinds.values())} | {detail} |")
     L.append("")
     L.append("### Method")
     L.append("")
