@@ -1,16 +1,22 @@
 """pytest plugin of the device-test runner (tests/device/run.py): writes one JSON object a
 line, flushed at once, so the driver keeps every outcome when the process crashes or hangs.
 
-    --devtests-log PATH   events: "collected" (all node ids), "start", "result"
+    --devtests-log PATH   events: "collected" (all node ids), "start", "result", "cache"
     --devtests-skip PATH  node ids (one a line) to deselect: those done before a restart
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
+
+# Compile cache counters (torchtpu.cache_stats) the runner adds up over the processes; a
+# snapshot every CACHE_EVERY tests, so a crashed process loses at most that many.
+CACHE_KEYS = ("misses", "memory_hits", "disk_hits", "shared_hits", "compile_seconds")
+CACHE_EVERY = 200
 
 
 def pytest_addoption(parser):
@@ -61,6 +67,8 @@ class _Recorder:
         if report.nodeid in self.seen and outcome != "error":
             return
         self.seen.add(report.nodeid)
+        if len(self.seen) % CACHE_EVERY == 0:
+            self._cache_snapshot()
         self.write(
             {
                 "event": "result",
@@ -73,7 +81,17 @@ class _Recorder:
             }
         )
 
+    def _cache_snapshot(self) -> None:
+        """The compile cache's counters so far in this process (a directory scan: not at
+        every test)."""
+        tpu = sys.modules.get("torchtpu")
+        stats = getattr(tpu, "cache_stats", None)
+        if stats is not None:
+            s = stats()
+            self.write({"event": "cache", "stats": {k: s.get(k, 0) for k in CACHE_KEYS}})
+
     def pytest_sessionfinish(self, session, exitstatus):
+        self._cache_snapshot()
         self.write({"event": "finished", "exitstatus": int(exitstatus)})
         self.f.close()
 

@@ -64,6 +64,27 @@ def parse_nodeid(nodeid: str) -> tuple[str, str]:
     return "other", name
 
 
+def cache_totals(path: Path) -> dict:
+    """Compile cache counters added up over the pytest processes of a log (the last
+    snapshot of each process; a process starts with a "collected" event)."""
+    totals: Counter = Counter()
+    last: dict = {}
+    if path.exists():
+        with open(path) as f:
+            for line in f:
+                try:
+                    ev = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if ev["event"] == "collected":
+                    totals.update(last)
+                    last = {}
+                elif ev["event"] == "cache":
+                    last = ev["stats"]
+    totals.update(last)
+    return dict(totals)
+
+
 def read_log(path: Path) -> tuple[list[str], dict[str, dict], list[str]]:
     """(collected node ids, results by node id, started-but-unfinished node ids in order)."""
     collected: list[str] = []
@@ -345,6 +366,16 @@ def render(log: Path, meta: dict, out: Path) -> None:
         f"{meta.get('processes', 1)} pytest process(es) (one more after each crash or timeout)"
         f"; samples per test: {meta.get('max_samples') or 'all'}"
     )
+    cache = cache_totals(log)
+    if cache:
+        loaded = cache.get("disk_hits", 0) + cache.get("shared_hits", 0)
+        L.append(
+            f"- Compile cache (`torchtpu.cache_stats`, about: snapshots every 200 tests): "
+            f"{cache.get('misses', 0)} programs compiled "
+            f"({_duration(cache.get('compile_seconds', 0))}), {loaded} loaded from disk, "
+            f"{cache.get('memory_hits', 0)} from memory; the run time depends on it (a cold "
+            "cache compiles every program once)"
+        )
     L.append(
         f"- **Tests collected: {total['collected']}; passed {total['passed']}, "
         f"failed {total['failed']}, skipped {total['skipped']}, errors {total['error']}, "
