@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.torchtpu-setup
 JOBS   ?= $(shell nproc)
 export TORCHTPU_JOBS := $(JOBS)
 
-.PHONY: setup build test test-cpp test-py demo bench conformance lint format clean
+.PHONY: setup build test test-cpp test-py demo bench conformance device-tests lint format clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ bench: build
 # PyTorch's OpInfo database on tpu vs CPU; regenerates docs/OP_COVERAGE.md (< 30 min).
 conformance: build
 	$(VPY) tests/conformance/run.py
+
+# PyTorch's device-generic test machinery (instantiate_device_type_tests over op_db and
+# module_db) on tpu vs CPU; a report, not a gate: regenerates docs/DEVICE_TESTS.md.
+device-tests: build
+	$(VPY) tests/device/run.py
 
 lint:
 	$(VENV)/bin/ruff check python tests bench examples
