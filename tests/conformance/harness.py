@@ -16,6 +16,7 @@ import inspect
 import itertools
 import math
 import os
+import signal
 import unittest
 from collections.abc import Callable
 
@@ -117,6 +118,16 @@ SUBSET = (
 
 
 # --------------------------------------------------------------------------- loading
+
+
+def signal_name(rc: int) -> str:
+    """How a child process ended, from its return code."""
+    if rc < 0:
+        try:
+            return signal.Signals(-rc).name
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit status {rc}"
 
 
 def op_key(op) -> str:

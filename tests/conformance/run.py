@@ -179,15 +179,6 @@ class Worker:
         self.log.close()
 
 
-def _signal_name(rc: int) -> str:
-    if rc < 0:
-        try:
-            return signal.Signals(-rc).name
-        except ValueError:
-            return f"signal {-rc}"
-    return f"exit status {rc}"
-
-
 def _snapshot_package(dest: Path) -> str:
     """Copies python/torchtpu into ``dest`` so a rebuild of the extension by someone else
     during the sweep cannot change the library under a running worker.  Returns the
@@ -275,7 +266,7 @@ def run_sweep(
                     rc = w.proc.wait()
                     rec["status"] = "crash"
                     rec["error"] = harness._one_line(
-                        f"worker died ({_signal_name(rc)}) in {stage}: {w.log_tail()}", 300
+                        f"worker died ({harness.signal_name(rc)}) in {stage}: {w.log_tail()}", 300
                     )
                     w.kill()
                     w = None

@@ -300,6 +300,26 @@ def _grad_leaves(tree) -> list:
 # --------------------------------------------------------------------------- op tests
 
 
+def _compare_sample(test, op, sample, device, tol, prepare=None) -> bool:
+    """One sample on the CPU and on ``device`` (its tensors passed through ``prepare``):
+    the results match. False when the CPU cannot run the sample."""
+    cpu = _move_sample(op, sample, None)
+    dev = _move_sample(op, sample, device)
+    if prepare is not None:
+        dev = pytree.tree_map(prepare, dev)
+    # output_process_fn_grad makes results comparable where the op's answer is not
+    # unique (e.g. the signs of singular vectors).
+    post = sample.output_process_fn_grad
+    res = _run_both(
+        lambda: post(op(cpu[0], *cpu[1], **cpu[2])),
+        lambda: post(op(dev[0], *dev[1], **dev[2])),
+    )
+    if res is None:
+        return False
+    _assert_matches(test, res[1], res[0], tol, _values_checked(op, sample))
+    return True
+
+
 def op_test_class(op_list, name: str = "TestOpsDevice", max_samples=MAX_SAMPLES) -> type:
     """A generic test class over the OpInfos ``op_list`` (float32), for
     ``instantiate_device_type_tests``; each test takes the first ``max_samples`` samples
@@ -313,23 +333,7 @@ def op_test_class(op_list, name: str = "TestOpsDevice", max_samples=MAX_SAMPLES)
             log = _SampleLog(self)
             tol = _tolerance(op, dtype)
             for i, sample in enumerate(_samples(op, dtype, cap, reference=True)):
-
-                def one(sample=sample):
-                    cpu = _move_sample(op, sample, None)
-                    dev = _move_sample(op, sample, device)
-                    # output_process_fn_grad makes results comparable where the op's answer
-                    # is not unique (e.g. the signs of singular vectors).
-                    post = sample.output_process_fn_grad
-                    res = _run_both(
-                        lambda: post(op(cpu[0], *cpu[1], **cpu[2])),
-                        lambda: post(op(dev[0], *dev[1], **dev[2])),
-                    )
-                    if res is None:
-                        return False
-                    _assert_matches(self, res[1], res[0], tol, _values_checked(op, sample))
-                    return True
-
-                log.run(i, sample, one)
+                log.run(i, sample, lambda s=sample: _compare_sample(self, op, s, device, tol))
             log.finish("no sample runs on the CPU")
 
         @ops(op_list, allowed_dtypes=DTYPES)
@@ -341,19 +345,7 @@ def op_test_class(op_list, name: str = "TestOpsDevice", max_samples=MAX_SAMPLES)
             for i, sample in enumerate(_samples(op, dtype, cap)):
 
                 def one(sample=sample):
-                    cpu = _move_sample(op, sample, None)
-                    dev = pytree.tree_map(_noncontiguous, _move_sample(op, sample, device))
-                    # output_process_fn_grad makes results comparable where the op's answer
-                    # is not unique (e.g. the signs of singular vectors).
-                    post = sample.output_process_fn_grad
-                    res = _run_both(
-                        lambda: post(op(cpu[0], *cpu[1], **cpu[2])),
-                        lambda: post(op(dev[0], *dev[1], **dev[2])),
-                    )
-                    if res is None:
-                        return False
-                    _assert_matches(self, res[1], res[0], tol, _values_checked(op, sample))
-                    return True
+                    return _compare_sample(self, op, sample, device, tol, _noncontiguous)
 
                 log.run(i, sample, one)
             log.finish("no sample runs on the CPU")

@@ -34,7 +34,7 @@ DEFAULT_LOG = ROOT / "build" / "device-tests" / "results.jsonl"
 DEFAULT_DOC = ROOT / "docs" / "DEVICE_TESTS.md"
 
 sys.path.insert(0, str(ROOT / "tests" / "conformance"))
-from harness import BACKEND_ENV
+from harness import BACKEND_ENV, signal_name
 
 # Test kinds in report order: (class prefix, test name prefix, label).
 KINDS = (
@@ -105,15 +105,6 @@ def read_log(path: Path) -> tuple[list[str], dict[str, dict], list[str]]:
             elif ev["event"] == "result":
                 results[ev["nodeid"]] = ev
     return collected, results, [n for n in started if n not in results]
-
-
-def _signal_name(rc: int) -> str:
-    if rc < 0:
-        try:
-            return signal.Signals(-rc).name
-        except ValueError:
-            return f"signal {-rc}"
-    return f"exit status {rc}"
 
 
 # Lines of a crashed process's output that say why it died (abseil / glog fatal lines,
@@ -208,9 +199,9 @@ def run(args, save) -> None:
         if hung and current:
             _append(log, current, "timeout", f"no result after {args.timeout_per_test:.0f} s")
         elif rc not in (0, 1, 5) and current:
-            _append(log, current, "crash", f"{_signal_name(rc)}: {_log_tail(out_log, start)}")
+            _append(log, current, "crash", f"{signal_name(rc)}: {_log_tail(out_log, start)}")
         elif rc not in (0, 1, 5) or (rc in (0, 1) and not collected):
-            raise SystemExit(f"pytest failed ({_signal_name(rc)}); see {out_log}")
+            raise SystemExit(f"pytest failed ({signal_name(rc)}); see {out_log}")
         else:
             # Finished normally: tests it did not report (none expected) are left as they are.
             break

@@ -218,11 +218,17 @@ def _buckets_used(graph_kind: str = "inference") -> list[int]:
     return out
 
 
-def test_bounded_dynamism_lengths_1_to_512_compile_10_programs():
+def _seq_pool_pair():
+    """A CPU reference _SeqPool and a tpu copy with the same weights."""
     torch.manual_seed(0)
     ref = _SeqPool()
     m = _SeqPool().to("tpu")
     m.load_state_dict(ref.state_dict())
+    return ref, m
+
+
+def test_bounded_dynamism_lengths_1_to_512_compile_10_programs():
+    ref, m = _seq_pool_pair()
     m = _bounded(m)
     gen = torch.Generator().manual_seed(0)
     torchtpu.compile_report(clear=True)
@@ -247,10 +253,7 @@ def test_bounded_dynamism_lengths_1_to_512_compile_10_programs():
 
 
 def test_bounded_dynamism_masked_reductions_backward():
-    torch.manual_seed(0)
-    ref = _SeqPool()
-    m = _SeqPool().to("tpu")
-    m.load_state_dict(ref.state_dict())
+    ref, m = _seq_pool_pair()
     cm = _bounded(m)
     torchtpu.compile_report(clear=True)
     for n in (3, 5, 7):
