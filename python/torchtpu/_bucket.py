@@ -763,41 +763,30 @@ class Planner:
             raise Unsupported(f"norm of order {order}")
         return self._reduce(node, op, b, "zero")
 
-    def _scan(self, node, op, b, kind):
-        x = b["self"][1]
-        lay = self.L(x)
-        d = b["dim"][1] % len(lay)
-        if _dim_padded(lay[d]):
+    def _mask_along_dim(self, node, op, b, key, fills):
+        """Ops that mix values along b["dim"] of b[key]: when that dim is padded, each
+        (argument, fill) pair is masked with its fill first. The output keeps key's layout."""
+        lay = self.L(b[key][1])
+        if _dim_padded(lay[b["dim"][1] % len(lay)]):
             self.actions[node] = _masking_call(
-                op, [(b["self"][0], lay, _neutral(kind, _val(x).dtype))]
+                op, [(b[k][0], self.L(b[k][1]), fill) for k, fill in fills]
             )
         return self._store(lay)
+
+    def _scan(self, node, op, b, kind):
+        return self._mask_along_dim(
+            node, op, b, "self", [("self", _neutral(kind, _val(b["self"][1]).dtype))]
+        )
 
     def _softmax(self, node, op, b):
-        x = b["self"][1]
-        lay = self.L(x)
-        d = b["dim"][1] % len(lay)
-        if _dim_padded(lay[d]):
-            self.actions[node] = _masking_call(op, [(b["self"][0], lay, -math.inf)])
-        return self._store(lay)
+        return self._mask_along_dim(node, op, b, "self", [("self", -math.inf)])
 
     def _r__softmax_backward_data(self, node, op, b):
-        g, y = b["grad_output"][1], b["output"][1]
-        lay = self.L(g)
-        d = b["dim"][1] % len(lay)
-        if _dim_padded(lay[d]):
-            self.actions[node] = _masking_call(
-                op, [(b["grad_output"][0], lay, 0), (b["output"][0], self.L(y), 0)]
-            )
-        return self._store(lay)
+        fills = [("grad_output", 0), ("output", 0)]
+        return self._mask_along_dim(node, op, b, "grad_output", fills)
 
     def _r__log_softmax_backward_data(self, node, op, b):
-        g = b["grad_output"][1]
-        lay = self.L(g)
-        d = b["dim"][1] % len(lay)
-        if _dim_padded(lay[d]):
-            self.actions[node] = _masking_call(op, [(b["grad_output"][0], lay, 0)])
-        return self._store(lay)
+        return self._mask_along_dim(node, op, b, "grad_output", [("grad_output", 0)])
 
     def _contract(self, node, op, b, a_key, b_key, ka, kb, out_dims, bias_key=None):
         A, B = b[a_key][1], b[b_key][1]

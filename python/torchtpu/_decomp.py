@@ -78,16 +78,17 @@ def _on_cpu(op: torch._ops.OpOverload, short: str, args, kwargs):
         orig.copy_(new)
         written[id(new)] = orig
 
-    def back(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        return written.get(id(x)) if id(x) in written else x.to(args_device)
-
-    args_device = next(
+    device = next(
         x.device
         for x in (*args, *kwargs.values())
         if isinstance(x, torch.Tensor) and x.device.type == "tpu"
     )
+
+    def back(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        return written[id(x)] if id(x) in written else x.to(device)
+
     return tree_map(back, out)
 
 

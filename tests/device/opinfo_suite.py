@@ -541,6 +541,16 @@ def _build(module_info, module_input, dtype, training):
     return m
 
 
+def _module_pair(module_info, mi, dtype, training, device):
+    """The CPU module, its copy on ``device``, and the forward (args, kwargs) for each."""
+    m_cpu = _build(module_info, mi, dtype, training)
+    m_dev = copy.deepcopy(m_cpu).to(device)
+    f = mi.forward_input
+    cpu_args = pytree.tree_map(_cpu_leaf, (f.args, f.kwargs))
+    dev_args = pytree.tree_map(_to_tpu(device), (f.args, f.kwargs))
+    return m_cpu, m_dev, cpu_args, dev_args
+
+
 def module_test_class(
     module_list, name: str = "TestModulesDevice", max_samples=MAX_SAMPLES
 ) -> type:
@@ -557,11 +567,9 @@ def module_test_class(
             for i, mi in enumerate(_module_inputs(module_info, dtype, training, False, cap)):
 
                 def one(mi=mi):
-                    m_cpu = _build(module_info, mi, dtype, training)
-                    m_dev = copy.deepcopy(m_cpu).to(device)
-                    f = mi.forward_input
-                    cpu_args = pytree.tree_map(_cpu_leaf, (f.args, f.kwargs))
-                    dev_args = pytree.tree_map(_to_tpu(device), (f.args, f.kwargs))
+                    m_cpu, m_dev, cpu_args, dev_args = _module_pair(
+                        module_info, mi, dtype, training, device
+                    )
                     res = _run_both(
                         lambda: m_cpu(*cpu_args[0], **cpu_args[1]),
                         lambda: m_dev(*dev_args[0], **dev_args[1]),
@@ -584,11 +592,9 @@ def module_test_class(
             for i, mi in enumerate(_module_inputs(module_info, dtype, training, True, cap)):
 
                 def one(mi=mi):
-                    m_cpu = _build(module_info, mi, dtype, training)
-                    m_dev = copy.deepcopy(m_cpu).to(device)
-                    f = mi.forward_input
-                    cpu_args = pytree.tree_map(_cpu_leaf, (f.args, f.kwargs))
-                    dev_args = pytree.tree_map(_to_tpu(device), (f.args, f.kwargs))
+                    m_cpu, m_dev, cpu_args, dev_args = _module_pair(
+                        module_info, mi, dtype, training, device
+                    )
 
                     def grads(m, args, dev_name):
                         out = m(*args[0], **args[1])
