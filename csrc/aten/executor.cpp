@@ -575,9 +575,9 @@ DType pack_dtype(DType d) {
 
 c10::Scalar scalar_of(const c10::IValue& v, int sub) {
   if (!v.isTensor() && !v.isList() && !v.isTensorList()) return v.toScalar();
-  at::Tensor t = sub < 0 ? v.toTensor()
-                         : (v.isTensorList() ? v.toTensorList().get(sub)
-                                             : v.toList().get(sub).toTensor());
+  at::Tensor t =
+      sub < 0 ? v.toTensor()
+              : (v.isTensorList() ? v.toTensorList().get(sub) : v.toList().get(sub).toTensor());
   return t.item();
 }
 

@@ -92,7 +92,7 @@ struct Node {
   std::vector<TensorDesc> descs;  // every tensor position, in traversal order
   std::shared_ptr<const Template> tmpl;
   std::vector<int> out_slots;  // per output: graph slot of a fresh tensor, or -1
-  std::vector<std::tuple<int, int, pjrt::BufferPtr>> host;  // (argument, element, upload)
+  std::vector<std::tuple<int, int, pjrt::BufferPtr>> host;      // (argument, element, upload)
   std::vector<std::tuple<int, int, c10::Scalar>> host_scalars;  // 0-dim host tensors' values
   uint64_t rng[2] = {0, 0};
   const std::string* where = nullptr;

@@ -281,11 +281,11 @@ std::string Builder::module() const {
     s += (params_.empty() && k == 0 ? "" : ", ") + pack + ": " + type;
     for (int64_t j = 0; j < count; ++j) {
       const std::string& nm = names[j];
-      unpack += "    " + nm + "_1 = \"stablehlo.slice\"(" + pack + ") {start_indices = " +
-                arr({j}) + ", limit_indices = " + arr({j + 1}) + ", strides = " + arr({1}) +
-                "} : (" + type + ") -> " + one + "\n";
-      unpack += "    " + nm + " = \"stablehlo.reshape\"(" + nm + "_1) : (" + one + ") -> " + scalar +
-                "\n";
+      unpack += "    " + nm + "_1 = \"stablehlo.slice\"(" + pack +
+                ") {start_indices = " + arr({j}) + ", limit_indices = " + arr({j + 1}) +
+                ", strides = " + arr({1}) + "} : (" + type + ") -> " + one + "\n";
+      unpack += "    " + nm + " = \"stablehlo.reshape\"(" + nm + "_1) : (" + one + ") -> " +
+                scalar + "\n";
     }
   }
   s += ") -> (";

@@ -256,8 +256,8 @@ TEST(HloRun, PackedScalarsArriveAfterParamsOnePackPerDtype) {
   EXPECT_EQ(b.packs(), (std::vector<P>{{DType::F64, 2}, {DType::I64, 1}}));
   EXPECT_NE(b.module().find("%arg0: tensor<2xf32>, %pack0: tensor<2xf64>, %pack1: tensor<1xi64>"),
             std::string::npos);
-  auto out = run(b, {f32({2}, {1, 2}), Host::of<double>(DType::F64, {2}, {3.0, 0.5}),
-                     i64({1}, {7})});
+  auto out =
+      run(b, {f32({2}, {1, 2}), Host::of<double>(DType::F64, {2}, {3.0, 0.5}), i64({1}, {7})});
   expect_vec<float>(out[0], {2}, {3.5f, 6.5f});
   expect_vec<float>(out[1], {2}, {7.f, 7.f});
 }
