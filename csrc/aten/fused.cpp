@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <unordered_map>
 
 #include "aten/executor.h"
@@ -92,6 +93,7 @@ struct Node {
   std::vector<TensorDesc> descs;  // every tensor position, in traversal order
   std::shared_ptr<const Template> tmpl;
   std::vector<int> out_slots;  // per output: graph slot of a fresh tensor, or -1
+  std::vector<int> writes;     // graph slots written in place
   std::vector<std::tuple<int, int, pjrt::BufferPtr>> host;      // (argument, element, upload)
   std::vector<std::tuple<int, int, c10::Scalar>> host_scalars;  // 0-dim host tensors' values
   uint64_t rng[2] = {0, 0};
@@ -102,7 +104,6 @@ struct GraphSlot {
   DeviceStorage* st;  // null once the storage died
   pjrt::BufferPtr captured;
   SlotState state;
-  bool written = false;
 };
 
 struct FusedEntry {
@@ -245,9 +246,8 @@ c10::IValue rebuild(const Node& node, const c10::IValue& v, size_t& pos,
 }
 
 void mark_written(Graph& g, DeviceStorage* st, DType dtype) {
-  GraphSlot& s = g.slots[slot_for(g, st)];
+  slot_for(g, st);
   st->dtype = dtype;
-  s.written = true;
   if (!st->pending) {
     st->pending = true;
     g.live_pending++;
@@ -341,13 +341,17 @@ std::string node_name(const Node& n) {
   return s;
 }
 
-std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& outs, size_t& failed_node) {
+// Lowers the calls `order` (graph node indices, in recording order) into one
+// program returning the slots `outs`. Program inputs name calls by their
+// position in `order`, so the entry serves any graph with the same key.
+std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& order,
+                                  const std::vector<int>& outs, size_t& failed_node) {
   auto e = std::make_shared<FusedEntry>();
   Program p;
   for (const GraphSlot& s : g.slots) p.add_slot(s.state);
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    failed_node = i;
-    const Node& node = g.nodes[i];
+  for (size_t i = 0; i < order.size(); ++i) {
+    failed_node = order[i];
+    const Node& node = g.nodes[order[i]];
     std::unordered_map<const c10::TensorImpl*, int> impl_slot;
     torch::jit::Stack args;
     size_t pos = 0;
@@ -366,7 +370,8 @@ std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& outs, size_t
   failed_node = g.nodes.size();
   std::vector<Value> results;
   for (int o : outs) {
-    DType d = g.slots[o].st->dtype;
+    const GraphSlot& s = g.slots[o];
+    DType d = s.st ? s.st->dtype : s.state.dtype;
     results.push_back(p.current[o].valid() ? p.current[o] : p.storage(o, d));
   }
   p.b.ret(results);
@@ -387,84 +392,184 @@ std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& outs, size_t
   return e;
 }
 
-void flush_locked(Graph& g, const char* reason) {
+// TORCHTPU_FUSED_SPLIT=0: a read runs the whole graph as one program.
+bool split_reads() {
+  static bool on = [] {
+    const char* v = std::getenv("TORCHTPU_FUSED_SPLIT");
+    return !v || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// Slots a call reads (its device tensor arguments) and writes (in place or fresh).
+template <typename F>
+void for_reads(const Node& n, F f) {
+  for (const TensorDesc& d : n.descs)
+    if (d.kind == TensorDesc::Device) f(d.slot);
+}
+template <typename F>
+void for_writes(const Node& n, F f) {
+  for (int s : n.writes) f(s);
+  for (int s : n.out_slots)
+    if (s >= 0) f(s);
+}
+
+// Splits the graph for a read of `target`: `first` holds the calls the value
+// needs, closed so that running them before the others changes no value (a
+// call that reads or writes a slot a later `first` call writes is taken too);
+// `rest` holds the others. Both keep recording order.
+void partition(const Graph& g, int target, std::vector<int>& first, std::vector<int>& rest) {
+  std::vector<char> need(g.slots.size(), 0), written_later(g.slots.size(), 0),
+      take(g.nodes.size(), 0);
+  need[target] = 1;
+  for (size_t i = g.nodes.size(); i-- > 0;) {
+    const Node& n = g.nodes[i];
+    bool t = false;
+    for_writes(n, [&](int s) { t = t || need[s] || written_later[s]; });
+    for_reads(n, [&](int s) { t = t || written_later[s]; });
+    if (!t) continue;
+    take[i] = 1;
+    for_reads(n, [&](int s) { need[s] = 1; });
+    for (int s : n.writes) written_later[s] = 1;
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    (take[i] ? first : rest).push_back(static_cast<int>(i));
+}
+
+// Runs the calls `order` as one program (cached under `key`, which the output
+// list and donations extend) and returns its result buffers, one per `outs`.
+std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
+                                      const std::vector<int>& outs, std::string key, bool& hit,
+                                      size_t& failed) {
+  key.push_back('|');
+  for (int o : outs) {
+    GraphSlot& s = g.slots[o];
+    s.state.donate = donation() && s.st && s.captured && s.captured.use_count() == 2 &&
+                     s.st->buffer == s.captured;
+    put(key, static_cast<int32_t>(o));
+    put(key, s.state.donate);
+  }
+  std::shared_ptr<FusedEntry> entry;
+  if (auto it = g.programs.find(key); it != g.programs.end()) {
+    entry = it->second;
+    hit = true;
+    metrics().fused_cache_hits++;
+  } else {
+    entry = build(g, order, outs, failed);
+    if (g.programs.size() >= 512) g.programs.clear();
+    g.programs.emplace(std::move(key), entry);
+  }
+  std::vector<pjrt::BufferPtr> owned;
+  owned.reserve(entry->inputs.size());
+  for (const InputSource& in : entry->inputs) {
+    const Node& node = g.nodes[order[in.node]];
+    switch (in.kind) {
+      case InputSource::Storage:
+        owned.push_back(g.slots[in.index].captured);
+        if (g.slots[in.index].state.donate)
+          metrics().donated_bytes += static_cast<int64_t>(owned.back()->nbytes());
+        break;
+      case InputSource::Host:
+        for (const auto& [a, sub, buf] : node.host)
+          if (a == in.index && sub == in.sub) owned.push_back(buf);
+        break;
+      case InputSource::Rng: {
+        int64_t dims[1] = {2};
+        owned.push_back(client().buffer_from_host(node.rng, DType::U64, dims, g.device));
+        break;
+      }
+    }
+  }
+  auto of = [&](const ScalarSource& s) -> c10::Scalar {
+    const Node& node = g.nodes[order[s.node]];
+    for (const auto& [a, sub, v] : node.host_scalars)
+      if (a == s.index && sub == s.sub) return v;
+    return node.args[s.index].toScalar();
+  };
+  for (pjrt::BufferPtr& b : scalar_packs(entry->scalars, entry->packs, of, g.device))
+    owned.push_back(std::move(b));
+  std::vector<pjrt::Buffer*> raw(owned.size());
+  for (size_t i = 0; i < owned.size(); ++i) raw[i] = owned[i].get();
+  std::vector<pjrt::BufferPtr> results = entry->exe->execute(raw, g.device);
+  metrics().executions++;
+  metrics().fused_graphs++;
+  metrics().fused_outputs += static_cast<int64_t>(results.size());
+  if (!results.empty()) track_inflight(results.back());
+  return results;
+}
+
+// Slots the calls `order` write whose values are needed after them: those a
+// tensor can still reach, and (`also`) those other calls go on to use.
+std::vector<int> outputs_of(const Graph& g, const std::vector<int>& order,
+                            const std::vector<char>* also = nullptr) {
+  std::vector<char> w(g.slots.size(), 0);
+  for (int i : order) for_writes(g.nodes[i], [&](int s) { w[s] = 1; });
+  std::vector<int> outs;
+  for (size_t s = 0; s < w.size(); ++s)
+    if (w[s] && (g.slots[s].st || (also && (*also)[s]))) outs.push_back(static_cast<int>(s));
+  return outs;
+}
+
+// Runs the graph. With `target` (a slot the host reads), the calls that value
+// needs run first as their own program, and the others after it as a second
+// program: the host waits only for the first while the second runs, so a
+// training loop's `loss.item()` does not wait for backward and optimizer.
+void flush_locked(Graph& g, const char* reason, int target = -1) {
   if (g.nodes.empty()) {
     clear(g);
     return;
   }
   auto t0 = std::chrono::steady_clock::now();
   g.cuts[reason]++;
-  // Outputs: pending values some tensor can still reach. Their captured
-  // inputs are donated when nothing else holds them.
-  std::vector<int> outs;
-  std::string key = std::move(g.key);
-  key.push_back('|');
-  for (size_t i = 0; i < g.slots.size(); ++i) {
-    GraphSlot& s = g.slots[i];
-    if (!s.st || !s.written) continue;
-    s.state.donate =
-        donation() && s.captured && s.captured.use_count() == 2 && s.st->buffer == s.captured;
-    outs.push_back(static_cast<int>(i));
-    put(key, static_cast<int32_t>(i));
-    put(key, s.state.donate);
-  }
   const size_t n_nodes = g.nodes.size();
-  std::shared_ptr<FusedEntry> entry;
-  bool hit = false;
-  size_t failed = n_nodes;
-  try {
-    auto it = g.programs.find(key);
-    if (it != g.programs.end()) {
-      entry = it->second;
-      hit = true;
-      metrics().fused_cache_hits++;
-    } else {
-      entry = build(g, outs, failed);
-      if (g.programs.size() >= 512) g.programs.clear();
-      g.programs.emplace(std::move(key), entry);
-    }
-    std::vector<pjrt::BufferPtr> owned;
-    owned.reserve(entry->inputs.size());
-    for (const InputSource& in : entry->inputs) {
-      const Node& node = g.nodes[in.node];
-      switch (in.kind) {
-        case InputSource::Storage:
-          owned.push_back(g.slots[in.index].captured);
-          if (g.slots[in.index].state.donate)
-            metrics().donated_bytes += static_cast<int64_t>(owned.back()->nbytes());
-          break;
-        case InputSource::Host:
-          for (const auto& [a, sub, buf] : node.host)
-            if (a == in.index && sub == in.sub) owned.push_back(buf);
-          break;
-        case InputSource::Rng: {
-          int64_t dims[1] = {2};
-          owned.push_back(client().buffer_from_host(node.rng, DType::U64, dims, g.device));
-          break;
-        }
-      }
-    }
-    auto of = [&](const ScalarSource& s) -> c10::Scalar {
-      const Node& node = g.nodes[s.node];
-      for (const auto& [a, sub, v] : node.host_scalars)
-        if (a == s.index && sub == s.sub) return v;
-      return node.args[s.index].toScalar();
-    };
-    for (pjrt::BufferPtr& b : scalar_packs(entry->scalars, entry->packs, of, g.device))
-      owned.push_back(std::move(b));
-    std::vector<pjrt::Buffer*> raw(owned.size());
-    for (size_t i = 0; i < owned.size(); ++i) raw[i] = owned[i].get();
-    std::vector<pjrt::BufferPtr> results = entry->exe->execute(raw, g.device);
-    metrics().executions++;
-    metrics().fused_graphs++;
-    metrics().fused_outputs += static_cast<int64_t>(results.size());
+  std::vector<int> first, rest;
+  if (target >= 0 && split_reads()) partition(g, target, first, rest);
+  constexpr size_t kMinRest = 8;
+  if (rest.size() < kMinRest) {
+    first.resize(n_nodes);
+    std::iota(first.begin(), first.end(), 0);
+    rest.clear();
+  }
+  std::string key = std::move(g.key);
+  bool hit_first = false, hit_rest = false;
+  size_t failed = n_nodes, n_outs = 0;
+  // Assigns a part's results: values no later part writes are final.
+  auto assign = [&](const std::vector<int>& outs, std::vector<pjrt::BufferPtr>& results,
+                    const std::vector<char>& rewritten) {
     for (size_t k = 0; k < results.size(); ++k) {
-      DeviceStorage* st = g.slots[entry->out_slots[k]].st;
-      st->dtype = results[k]->dtype();
-      st->buffer = std::move(results[k]);
-      st->pending = false;
+      GraphSlot& s = g.slots[outs[k]];
+      s.captured = results[k];
+      s.state = SlotState{true, results[k]->dtype(), s.state.nbytes};
+      if (!s.st) continue;
+      s.st->dtype = results[k]->dtype();
+      s.st->buffer = std::move(results[k]);
+      if (!rewritten[outs[k]]) s.st->pending = false;
     }
-    if (!results.empty()) track_inflight(g.slots[entry->out_slots.back()].st->buffer);
+  };
+  try {
+    if (rest.empty()) {
+      std::vector<int> outs = outputs_of(g, first);
+      n_outs = outs.size();
+      auto results = run_part(g, first, outs, std::move(key), hit_first, failed);
+      assign(outs, results, std::vector<char>(g.slots.size(), 0));
+    } else {
+      g.cuts[std::string(reason) + "+rest"]++;
+      std::vector<char> used_by_rest(g.slots.size(), 0), written_by_rest(g.slots.size(), 0);
+      for (int i : rest) {
+        for_reads(g.nodes[i], [&](int s) { used_by_rest[s] = 1; });
+        for_writes(g.nodes[i], [&](int s) { used_by_rest[s] = written_by_rest[s] = 1; });
+      }
+      std::vector<int> outs_first = outputs_of(g, first, &used_by_rest);
+      std::string key_first = key + "|needed:";
+      put(key_first, static_cast<int32_t>(target));
+      auto results = run_part(g, first, outs_first, key_first, hit_first, failed);
+      assign(outs_first, results, written_by_rest);
+      std::vector<int> outs_rest = outputs_of(g, rest);
+      n_outs = outs_first.size() + outs_rest.size();
+      put(key, static_cast<int32_t>(target));
+      results = run_part(g, rest, outs_rest, key + "|rest", hit_rest, failed);
+      assign(outs_rest, results, std::vector<char>(g.slots.size(), 0));
+    }
   } catch (const std::exception& ex) {
     std::string msg = std::string("[tpu] a fused graph of ") + std::to_string(n_nodes) +
                       " ops (cut by " + reason + ") failed";
@@ -473,16 +578,21 @@ void flush_locked(Graph& g, const char* reason) {
     msg += ex.what();
     if (!debug_fusion()) msg += " (TORCHTPU_DEBUG_FUSION=1 records the Python line of each op)";
     auto err = std::make_shared<const std::string>(msg);
-    for (int o : outs) g.slots[o].st->error = err;
+    for (GraphSlot& s : g.slots)
+      if (s.st && s.st->pending) s.st->error = err;
     clear(g);
     TORCH_CHECK(false, msg);
   }
   if (debug_fusion()) {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const Node &a = g.nodes.front(), &z = g.nodes.back();
-    std::fprintf(stderr, "[tpu fused] cut=%s ops=%zu inputs=%zu outputs=%zu %s %.3f s; %s .. %s\n",
-                 reason, n_nodes, entry->inputs.size(), outs.size(), hit ? "cache-hit" : "compiled",
-                 secs, node_name(a).c_str(), node_name(z).c_str());
+    auto hit = [](bool h) { return h ? "cache-hit" : "compiled"; };
+    std::string how = hit(hit_first);
+    if (!rest.empty())
+      how = std::to_string(first.size()) + " needed ops " + hit(hit_first) + ", then " +
+            std::to_string(rest.size()) + " ops " + hit(hit_rest);
+    std::fprintf(stderr, "[tpu fused] cut=%s ops=%zu outputs=%zu %s %.3f s; %s .. %s\n", reason,
+                 n_nodes, n_outs, how.c_str(), secs, node_name(a).c_str(), node_name(z).c_str());
   }
   clear(g);
 }
@@ -542,7 +652,10 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   g.hist.push_back(h);
   g.live_at.push_back(g.live_pending);
 
-  for (auto [slot, dtype] : tmpl->writes) mark_written(g, storages[slot], dtype);
+  for (auto [slot, dtype] : tmpl->writes) {
+    mark_written(g, storages[slot], dtype);
+    node.writes.push_back(slot_for(g, storages[slot]));
+  }
   // Fresh outputs: real tensors whose storages wait for the graph.
   const CallOutputs& co = tmpl->outs;
   std::vector<at::Tensor> fresh;
@@ -567,7 +680,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
       st->dtype = t.dtype;
       st->pending = true;
       g.live_pending++;
-      g.slots.push_back({st, nullptr, SlotState{false, t.dtype, st->nbytes, true}, true});
+      g.slots.push_back({st, nullptr, SlotState{false, t.dtype, st->nbytes, true}});
       node.out_slots[k] = static_cast<int>(g.slots.size()) - 1;
       g.slot_of.emplace(st, node.out_slots[k]);
       fresh.push_back(std::move(out));
@@ -596,7 +709,9 @@ void fused_sync(const DeviceStorage& st, const char* reason, bool write) {
   if (!write && !st.pending) return;
   Graph& g = graph();
   std::lock_guard<std::recursive_mutex> lock(g.mu);
-  if (g.slot_of.count(&st)) flush_locked(g, SyncReason::current(reason));
+  auto it = g.slot_of.find(&st);
+  if (it != g.slot_of.end())
+    flush_locked(g, SyncReason::current(reason), write || !st.pending ? -1 : it->second);
   if (st.error) TORCH_CHECK(false, *st.error);
 }
 
