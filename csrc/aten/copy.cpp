@@ -38,6 +38,7 @@ std::vector<pjrt::BufferPtr> run_internal(const std::string& key,
     build(b);
     exe = compile_cached(b.module());
     std::lock_guard<std::mutex> lock(mu);
+    if (programs.size() >= program_table_limit()) programs.clear();
     programs.emplace(key, exe);
   } else {
     metrics().cache_hits++;

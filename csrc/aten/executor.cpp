@@ -440,6 +440,11 @@ void debug_checks(const std::string& what, const std::vector<pjrt::BufferPtr>& o
 
 }  // namespace
 
+size_t program_table_limit() {
+  static const size_t n = static_cast<size_t>(cache::process_config().memory_entries);
+  return n;
+}
+
 pjrt::ExecutablePtr compile_cached(const std::string& mlir) {
   auto& cc = cache::process_cache(client_ptr());
   const int64_t misses = cc.stats().misses;
@@ -696,6 +701,7 @@ void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
     if (info.is_out && resize_outs(op, info, *stack, first, n)) return run_lowered(op, info, stack);
     entry = compile_call(op, info, *stack, first, n, storages);
     std::lock_guard<std::mutex> lock(cache_mu);
+    if (cache().size() >= program_table_limit()) cache().clear();
     cache().emplace(key, entry);
   }
   const int device = call_device(storages);

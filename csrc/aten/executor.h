@@ -48,6 +48,9 @@ std::string describe(const std::string& op, const torch::jit::Stack& args, size_
 // The executable of a program through the compile cache (memory, disk,
 // shared root, or a compile); counts real compiles in metrics().
 pjrt::ExecutablePtr compile_cached(const std::string& mlir);
+// How many programs a per-process table keeps (TORCHTPU_CACHE_MEMORY_ENTRIES):
+// a table over it is emptied, so unused executables are released.
+size_t program_table_limit();
 // Ops that ran through the CPU fallback, with counts.
 std::vector<std::pair<std::string, int64_t>> fallback_report();
 // Zero-initialized storage buffer of `nbytes` with element type `dtype`.

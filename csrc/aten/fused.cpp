@@ -456,7 +456,7 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
     metrics().fused_cache_hits++;
   } else {
     entry = build(g, order, outs, failed);
-    if (g.programs.size() >= 512) g.programs.clear();
+    if (g.programs.size() >= std::min<size_t>(512, program_table_limit())) g.programs.clear();
     g.programs.emplace(std::move(key), entry);
   }
   std::vector<pjrt::BufferPtr> owned;

@@ -59,6 +59,7 @@ py::dict cache_stats_dict() {
   d["misses"] = s.misses;
   d["errors"] = s.errors;
   d["evictions"] = s.evictions;
+  d["unloaded"] = s.unloaded;
   d["compile_seconds"] = s.compile_seconds;
   d["compile_seconds_saved"] = s.saved_seconds;
   d["load_seconds"] = s.load_seconds;
@@ -178,7 +179,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,
         "Compile cache counters of this process (requests, memory/disk/shared hits, misses =\n"
-        "compiles, errors ignored, evictions, compile seconds spent and saved, load seconds)\n"
+        "compiles, errors ignored, evictions, executables unloaded, compile seconds spent and "
+        "saved, load seconds)\n"
         "and the local cache directory's entries and bytes.");
   m.def("_cache_usage", [](const std::string& dir) {
     auto u = torchtpu::cache::DiskStore(dir).usage();

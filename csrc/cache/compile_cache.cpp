@@ -1,5 +1,6 @@
 #include "cache/compile_cache.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +91,8 @@ Config Config::from_env() {
     }
   }
   if (const char* v = std::getenv("TORCHTPU_CACHE_LOCK_TIMEOUT")) c.lock_timeout_s = std::atof(v);
+  if (const char* v = std::getenv("TORCHTPU_CACHE_MEMORY_ENTRIES"))
+    c.memory_entries = std::max<int64_t>(1, std::atoll(v));
   return c;
 }
 
@@ -152,9 +155,12 @@ pjrt::ExecutablePtr CompileCache::get(const std::string& mlir_text,
     auto it = memory_.find(mkey);
     if (it != memory_.end()) {
       memory_hits_++;
-      pending = it->second;
+      pending = it->second.exe;
+      lru_.splice(lru_.begin(), lru_, it->second.use);
     } else {
-      memory_.emplace(mkey, promise.get_future().share());
+      lru_.push_front(mkey);
+      memory_.emplace(mkey, Resident{promise.get_future().share(), lru_.begin()});
+      trim_memory();
     }
   }
   if (pending.valid()) return pending.get();  // Waits for the one in-flight compile.
@@ -165,10 +171,27 @@ pjrt::ExecutablePtr CompileCache::get(const std::string& mlir_text,
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      memory_.erase(mkey);  // Not cached: the next request compiles again.
+      if (auto it = memory_.find(mkey); it != memory_.end()) {  // Not cached: recompiled.
+        lru_.erase(it->second.use);
+        memory_.erase(it);
+      }
     }
     promise.set_exception(std::current_exception());
     throw;
+  }
+}
+
+// Drops the least recently used ready executables over the limit; callers
+// still holding one keep it alive, and a later request reloads it from disk.
+void CompileCache::trim_memory() {
+  auto it = lru_.end();
+  while (static_cast<int64_t>(memory_.size()) > config_.memory_entries && it != lru_.begin()) {
+    --it;
+    auto m = memory_.find(*it);
+    if (m->second.exe.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+    memory_.erase(m);
+    it = lru_.erase(it);
+    unloaded_++;
   }
 }
 
@@ -293,6 +316,7 @@ Stats CompileCache::stats() const {
   s.misses = misses_;
   s.errors = errors_;
   s.evictions = evictions_;
+  s.unloaded = unloaded_;
   s.compile_seconds = static_cast<double>(compile_ns_) * 1e-9;
   s.saved_seconds = static_cast<double>(saved_ns_) * 1e-9;
   s.load_seconds = static_cast<double>(load_ns_) * 1e-9;

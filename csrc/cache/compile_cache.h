@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,8 +24,12 @@ struct Config {
   std::string shared_dir;  // empty: no shared tier
   int64_t max_bytes = int64_t{2} << 30;
   double lock_timeout_s = 300.0;  // wait for another process's compile of the same key
+  // Executables kept loaded by the memory tier (least recently used go first;
+  // each loaded executable holds a few memory mappings, and a process has ~65k).
+  int64_t memory_entries = 2048;
   // TORCHTPU_CACHE_DIR (default ~/.cache/torchtpu, "off" disables),
-  // TORCHTPU_CACHE_MAX_BYTES, TORCHTPU_SHARED_CACHE_DIR, TORCHTPU_CACHE_LOCK_TIMEOUT.
+  // TORCHTPU_CACHE_MAX_BYTES, TORCHTPU_SHARED_CACHE_DIR, TORCHTPU_CACHE_LOCK_TIMEOUT,
+  // TORCHTPU_CACHE_MEMORY_ENTRIES.
   static Config from_env();
 };
 
@@ -33,6 +38,7 @@ struct Stats {
   int64_t misses = 0;  // compiles
   int64_t errors = 0;  // bad entries or failed cache I/O, ignored and recompiled
   int64_t evictions = 0;
+  int64_t unloaded = 0;        // executables the memory tier dropped (over memory_entries)
   double compile_seconds = 0;  // spent compiling misses
   double saved_seconds = 0;    // original compile time of the hits
   double load_seconds = 0;     // spent reading and deserializing disk/shared hits
@@ -84,11 +90,18 @@ class CompileCache {
   Tier local_, shared_;
   std::atomic<int64_t> writes_{0}, approx_bytes_{0};  // local tier size estimate
 
+  struct Resident {
+    std::shared_future<pjrt::ExecutablePtr> exe;
+    std::list<std::string>::iterator use;  // position in lru_
+  };
+  void trim_memory();  // under mu_
+
   std::mutex mu_;
-  std::unordered_map<std::string, std::shared_future<pjrt::ExecutablePtr>> memory_;
+  std::unordered_map<std::string, Resident> memory_;
+  std::list<std::string> lru_;  // most recently used first
 
   std::atomic<int64_t> requests_{0}, memory_hits_{0}, disk_hits_{0}, shared_hits_{0}, misses_{0},
-      errors_{0}, evictions_{0};
+      errors_{0}, evictions_{0}, unloaded_{0};
   std::atomic<int64_t> compile_ns_{0}, saved_ns_{0}, load_ns_{0};
 };
 

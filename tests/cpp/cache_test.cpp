@@ -148,6 +148,25 @@ TEST(CompileCacheMemory, ConcurrentRequestersShareOneCompile) {
   expect_adds(*got[0]);
 }
 
+TEST(CompileCacheMemory, KeepsAtMostTheConfiguredExecutablesLoaded) {
+  Config c;
+  c.memory_entries = 2;
+  CompileCache cache(cpu_client(), c);
+  std::weak_ptr<pjrt::Executable> first = cache.get(add_program(2));
+  cache.get(add_program(3));
+  EXPECT_FALSE(first.expired());
+  cache.get(add_program(2));  // used again: now the most recent
+  cache.get(add_program(4));  // drops 3, the least recently used
+  EXPECT_FALSE(first.expired());
+  cache.get(add_program(5));
+  EXPECT_TRUE(first.expired());  // nothing else held it: released
+  Stats s = cache.stats();
+  EXPECT_EQ(s.unloaded, 2);
+  EXPECT_EQ(s.misses, 4);
+  expect_adds(*cache.get(add_program(2)));  // compiled again on request
+  EXPECT_EQ(cache.stats().misses, 5);
+}
+
 TEST(CompileCacheMemory, FailedCompileReachesEveryWaiterAndIsNotCached) {
   std::atomic<int> compiles{0};
   auto failing = [&](const std::string& m, const pjrt::CompileOptions& o) {

@@ -147,3 +147,45 @@ def test_command_line(warm_dir, tmp_path: Path, monkeypatch, capsys) -> None:
     assert "Warning" not in proc.stderr, proc.stderr
     with pytest.raises(SystemExit):
         cache_cli.main(["prune", "--max-bytes", "lots"])
+
+
+MANY_SHAPES = """
+import json, torch, torchtpu
+def maps():
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+def run(n):
+    torch.testing.assert_close((torch.ones(n, device="tpu") * 3 + 1).cpu(), torch.full((n,), 4.0))
+for n in range(1, 11):
+    run(n)
+base = maps()
+for n in range(11, 61):
+    run(n)
+print(json.dumps({"growth": maps() - base, "stats": torchtpu.cache_stats()}))
+"""
+
+
+def test_programs_of_many_shapes_are_released(tmp_path):
+    # Each loaded executable holds memory mappings; a process that met tens of
+    # thousands of shapes used to die at the kernel's mapping limit. With 8
+    # programs kept per table, 50 more shapes leave the mapping count flat.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TORCHTPU_", "TPU_", "TORCH_TPU_"))
+    }
+    env.update(
+        PYTHONPATH=str(PYTHON_DIR),
+        TORCHTPU_CACHE_DIR=str(tmp_path),
+        TORCHTPU_CACHE_MEMORY_ENTRIES="8",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", MANY_SHAPES],
+        check=False,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["stats"]["unloaded"] >= 100
+    assert result["growth"] < 40, result  # unbounded: about 9 mappings per shape
