@@ -53,11 +53,23 @@ ClientState& state() {
   return *s;
 }
 
+// PyTorch's maximum/minimum/clamp return NaN when either operand is NaN; XLA:CPU's
+// default "fast" min/max drops a NaN in one operand. Read when the plugin
+// compiles, so it is set before the plugin loads (a user's own setting wins).
+void xla_flag_defaults() {  // XLA:CPU only
+  const char* v = std::getenv("XLA_FLAGS");
+  std::string flags = v ? v : "";
+  if (flags.find("xla_cpu_enable_fast_min_max") != std::string::npos) return;
+  flags += (flags.empty() ? "" : " ") + std::string("--xla_cpu_enable_fast_min_max=false");
+  ::setenv("XLA_FLAGS", flags.c_str(), 1);
+}
+
 pjrt::ClientPtr make_client() {
-  auto plugin = pjrt::Plugin::load(pjrt::find_plugin(plugin_search_dirs()));
-  pjrt::CreateOptions opts;
   std::string platform =
       std::getenv("TORCHTPU_PLATFORM") ? std::getenv("TORCHTPU_PLATFORM") : "cpu";
+  if (platform == "cpu") xla_flag_defaults();
+  auto plugin = pjrt::Plugin::load(pjrt::find_plugin(plugin_search_dirs()));
+  pjrt::CreateOptions opts;
   if (platform == "cpu") {
     const char* n = std::getenv("TORCHTPU_NUM_DEVICES");
     opts["cpu_device_count"] = int64_t(n ? std::atoll(n) : 1);

@@ -78,6 +78,7 @@ TPU_LOWERING(shape_ops) {
   }
   reg("flip", [](Ctx& c) -> V {
     Value x = c.in(0);
+    if (c.ints(1).empty()) return {x};  // no dims: a copy (reduce_dims reads [] as all)
     return {c.b.reverse(x, reduce_dims(c.ints(1), x.rank()))};
   });
   // (self, shifts, dims)

@@ -191,3 +191,24 @@ def test_inplace_and_out_variants(eager):
     out = torch.empty(4, 6, device="tpu")
     torch._C._nn.softshrink(x.to("tpu"), 0.3, out=out)
     assert_tpu_close(out, ref)
+
+
+_NAN_OPS = {
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "clamp_min_tensor": lambda a, b: a.clamp(min=b),
+    "clamp_max_tensor": lambda a, b: a.clamp(max=b),
+    "clamp_scalars": lambda a, b: a.clamp(-0.5, 0.5),
+    "hardtanh": lambda a, b: F.hardtanh(a),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NAN_OPS))
+def test_min_max_and_clamp_propagate_nan(name, eager):
+    # A NaN in either operand gives NaN, as on the CPU (XLA:CPU's fast min/max
+    # would return the other operand).
+    nan = float("nan")
+    a = torch.tensor([1.0, nan, 3.0, nan, -2.0])
+    b = torch.tensor([nan, 2.0, 1.0, nan, 0.0])
+    got = _NAN_OPS[name](a.to("tpu"), b.to("tpu")).cpu()
+    torch.testing.assert_close(got, _NAN_OPS[name](a, b), equal_nan=True)

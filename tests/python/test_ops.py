@@ -240,6 +240,7 @@ OPS = [
     Op("tril", torch.tril, (f(4, 4),)),
     Op("triu_k1", lambda x: torch.triu(x, 1), (f(3, 4),)),
     Op("flip", lambda x: x.flip(0), (f(3, 4),)),
+    Op("flip_no_dims", lambda x: x.flip(()), (f(3, 4),)),
     Op("roll", lambda x: x.roll(1, 1), (f(3, 4),)),
     Op("repeat", lambda x: x.repeat(2, 1), (f(3, 4),)),
     Op("pad", lambda x: F.pad(x, (1, 2)), (f(3, 4),)),
