@@ -278,6 +278,7 @@ TPU_LOWERING(nn_dropout) {
 // nll_loss on (N, C, ...) / (C) inputs: gathers the target class log-prob.
 struct Nll {
   Ex x, tgt, w;  // x as (N, C, ...); tgt (N, 1, ...) clamped; w (N, 1, ...) zero where ignored
+  Ex valid;      // (N, 1, ...): target is not ignore_index
 };
 Nll nll_prep(Ctx& c, int self_arg, int tgt_arg, int weight_arg, int ignore_arg) {
   DType t = compute_dtype(c.in(self_arg).dtype());
@@ -298,7 +299,7 @@ Nll nll_prep(Ctx& c, int self_arg, int tgt_arg, int weight_arg, int ignore_arg) 
     w = Ex(b, b.reshape(b.index_select(wt, flat, 0), ts));
   }
   w = where(valid, w, w.k(0));
-  return {Ex(b, x), safe, w};
+  return {Ex(b, x), safe, w, valid};
 }
 
 V nll_forward(Ctx& c) {
@@ -328,6 +329,9 @@ V nll_backward(Ctx& c) {
   }
   Ex cls(b, b.iota(Type{DType::I64, p.x.v.shape()}, 1));
   Ex hit = cls.cmp(Cmp::EQ, Ex(b, broadcast_to(b, p.tgt.v, p.x.v.shape())));
+  // Ignored targets get no gradient, even when every target is ignored and
+  // total_weight is 0 (0 * inf would be NaN).
+  hit = hit.bin("and", Ex(b, broadcast_to(b, p.valid.v, p.x.v.shape())));
   return {where(hit, coef * g, p.x.k(0))};
 }
 

@@ -212,3 +212,15 @@ def test_min_max_and_clamp_propagate_nan(name, eager):
     b = torch.tensor([nan, 2.0, 1.0, nan, 0.0])
     got = _NAN_OPS[name](a.to("tpu"), b.to("tpu")).cpu()
     torch.testing.assert_close(got, _NAN_OPS[name](a, b), equal_nan=True)
+
+
+def test_cross_entropy_with_every_target_ignored(eager):
+    # The mean over no targets is NaN (0 / 0), and the gradient is zero, as on the CPU.
+    x = torch.randn(4, 5, requires_grad=True)
+    t = torch.full((4,), -100)
+    xt = x.detach().to("tpu").requires_grad_(True)
+    loss, loss_t = F.cross_entropy(x, t), F.cross_entropy(xt, t.to("tpu"))
+    loss.backward()
+    loss_t.backward()
+    torch.testing.assert_close(loss_t.cpu(), loss, equal_nan=True)
+    assert_tpu_close(xt.grad, x.grad)
