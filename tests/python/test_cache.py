@@ -35,12 +35,29 @@ def expected() -> dict:
     return {"y": y.tolist(), "z": (y.sum(0) * 0.5).exp().tolist()}
 
 
-def start(cache_dir: Path, mode: str = "strict", code: str = PROGRAM) -> subprocess.Popen:
-    """Starts PROGRAM in a fresh interpreter using `cache_dir` (no other backend env)."""
+def clean_env(cache_dir: Path, **extra: str) -> dict:
+    """This process's environment without backend settings, using `cache_dir`."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("TORCHTPU_", "TPU_", "TORCH_TPU_"))
     }
-    env.update(PYTHONPATH=str(PYTHON_DIR), TORCHTPU_CACHE_DIR=str(cache_dir), TORCHTPU_EAGER=mode)
+    env.update(PYTHONPATH=str(PYTHON_DIR), TORCHTPU_CACHE_DIR=str(cache_dir), **extra)
+    return env
+
+
+def run_python(args: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        env=env,
+        text=True,
+        check=False,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def start(cache_dir: Path, mode: str = "strict", code: str = PROGRAM) -> subprocess.Popen:
+    """Starts PROGRAM in a fresh interpreter using `cache_dir` (no other backend env)."""
+    env = clean_env(cache_dir, TORCHTPU_EAGER=mode)
     return subprocess.Popen(
         [sys.executable, "-c", code],
         env=env,
@@ -134,14 +151,7 @@ def test_command_line(warm_dir, tmp_path: Path, monkeypatch, capsys) -> None:
     assert cache_cli.main(["prune", "--max-bytes", str(total - 1)]) == 0
     assert 0 < len(entries(root)) < n
     env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torchtpu.cache", "clear"],
-        env=env,
-        text=True,
-        check=False,
-        capture_output=True,
-        timeout=120,
-    )
+    proc = run_python(["-m", "torchtpu.cache", "clear"], env, 120)
     assert proc.returncode == 0, proc.stderr
     assert entries(root) == []
     assert "Warning" not in proc.stderr, proc.stderr
@@ -169,22 +179,8 @@ def test_programs_of_many_shapes_are_released(tmp_path):
     # Each loaded executable holds memory mappings; a process that met tens of
     # thousands of shapes used to die at the kernel's mapping limit. With 8
     # programs kept per table, 50 more shapes leave the mapping count flat.
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("TORCHTPU_", "TPU_", "TORCH_TPU_"))
-    }
-    env.update(
-        PYTHONPATH=str(PYTHON_DIR),
-        TORCHTPU_CACHE_DIR=str(tmp_path),
-        TORCHTPU_CACHE_MEMORY_ENTRIES="8",
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", MANY_SHAPES],
-        check=False,
-        env=env,
-        text=True,
-        capture_output=True,
-        timeout=300,
-    )
+    env = clean_env(tmp_path, TORCHTPU_CACHE_MEMORY_ENTRIES="8")
+    proc = run_python(["-c", MANY_SHAPES], env, 300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["stats"]["unloaded"] >= 100
