@@ -111,7 +111,6 @@ struct FusedEntry {
   std::vector<InputSource> inputs;
   std::vector<ScalarSource> scalars;
   std::vector<std::pair<DType, int>> packs;
-  std::vector<int> out_slots;
 };
 
 // Loop detection: a period of the op stream and the call pair that starts an
@@ -245,13 +244,15 @@ c10::IValue rebuild(const Node& node, const c10::IValue& v, size_t& pos,
   return v;
 }
 
-void mark_written(Graph& g, DeviceStorage* st, DType dtype) {
-  slot_for(g, st);
+// Returns the storage's graph slot.
+int mark_written(Graph& g, DeviceStorage* st, DType dtype) {
+  const int slot = slot_for(g, st);
   st->dtype = dtype;
   if (!st->pending) {
     st->pending = true;
     g.live_pending++;
   }
+  return slot;
 }
 
 std::shared_ptr<const Template> make_template(const c10::OperatorHandle& op, const OpInfo& info,
@@ -378,7 +379,6 @@ std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& order,
   e->inputs = std::move(p.inputs);
   e->scalars = std::move(p.scalars);
   e->packs = p.b.packs();
-  e->out_slots = outs;
   std::string text = p.b.module();
   if (const char* dir = std::getenv("TORCHTPU_DUMP_FUSED")) {
     static int count = 0;
@@ -533,12 +533,11 @@ void flush_locked(Graph& g, const char* reason, int target = -1) {
     std::iota(first.begin(), first.end(), 0);
     rest.clear();
   }
-  std::string key = std::move(g.key);
   bool hit_first = false, hit_rest = false;
   size_t failed = n_nodes, n_outs = 0;
-  // Assigns a part's results: values no later part writes are final.
+  // Assigns a part's results: values a later part writes (`rewritten`) stay pending.
   auto assign = [&](const std::vector<int>& outs, std::vector<pjrt::BufferPtr>& results,
-                    const std::vector<char>& rewritten) {
+                    const std::vector<char>* rewritten) {
     for (size_t k = 0; k < results.size(); ++k) {
       GraphSlot& s = g.slots[outs[k]];
       s.captured = results[k];
@@ -546,32 +545,30 @@ void flush_locked(Graph& g, const char* reason, int target = -1) {
       if (!s.st) continue;
       s.st->dtype = results[k]->dtype();
       s.st->buffer = std::move(results[k]);
-      if (!rewritten[outs[k]]) s.st->pending = false;
+      if (!rewritten || !(*rewritten)[outs[k]]) s.st->pending = false;
     }
   };
   try {
-    if (rest.empty()) {
-      std::vector<int> outs = outputs_of(g, first);
-      n_outs = outs.size();
-      auto results = run_part(g, first, outs, std::move(key), hit_first, failed);
-      assign(outs, results, std::vector<char>(g.slots.size(), 0));
-    } else {
+    // What the rest uses of the first part's values (nothing without a rest).
+    std::vector<char> used_by_rest(g.slots.size(), 0), written_by_rest(g.slots.size(), 0);
+    for (int i : rest) {
+      for_reads(g.nodes[i], [&](int s) { used_by_rest[s] = 1; });
+      for_writes(g.nodes[i], [&](int s) { used_by_rest[s] = written_by_rest[s] = 1; });
+    }
+    std::string key = std::move(g.key);
+    std::string key_first = rest.empty() ? std::move(key) : key + "|needed:";
+    if (!rest.empty()) put(key_first, static_cast<int32_t>(target));
+    std::vector<int> outs = outputs_of(g, first, &used_by_rest);
+    auto results = run_part(g, first, outs, std::move(key_first), hit_first, failed);
+    assign(outs, results, &written_by_rest);
+    n_outs = outs.size();
+    if (!rest.empty()) {
       g.cuts[std::string(reason) + "+rest"]++;
-      std::vector<char> used_by_rest(g.slots.size(), 0), written_by_rest(g.slots.size(), 0);
-      for (int i : rest) {
-        for_reads(g.nodes[i], [&](int s) { used_by_rest[s] = 1; });
-        for_writes(g.nodes[i], [&](int s) { used_by_rest[s] = written_by_rest[s] = 1; });
-      }
-      std::vector<int> outs_first = outputs_of(g, first, &used_by_rest);
-      std::string key_first = key + "|needed:";
-      put(key_first, static_cast<int32_t>(target));
-      auto results = run_part(g, first, outs_first, key_first, hit_first, failed);
-      assign(outs_first, results, written_by_rest);
-      std::vector<int> outs_rest = outputs_of(g, rest);
-      n_outs = outs_first.size() + outs_rest.size();
+      outs = outputs_of(g, rest);
+      n_outs += outs.size();
       put(key, static_cast<int32_t>(target));
-      results = run_part(g, rest, outs_rest, key + "|rest", hit_rest, failed);
-      assign(outs_rest, results, std::vector<char>(g.slots.size(), 0));
+      results = run_part(g, rest, outs, key + "|rest", hit_rest, failed);
+      assign(outs, results, nullptr);
     }
   } catch (const std::exception& ex) {
     std::string msg = std::string("[tpu] a fused graph of ") + std::to_string(n_nodes) +
@@ -655,10 +652,8 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   g.hist.push_back(h);
   g.live_at.push_back(g.live_pending);
 
-  for (auto [slot, dtype] : tmpl->writes) {
-    mark_written(g, storages[slot], dtype);
-    node.writes.push_back(slot_for(g, storages[slot]));
-  }
+  for (auto [slot, dtype] : tmpl->writes)
+    node.writes.push_back(mark_written(g, storages[slot], dtype));
   // Fresh outputs: real tensors whose storages wait for the graph.
   const CallOutputs& co = tmpl->outs;
   std::vector<at::Tensor> fresh;
