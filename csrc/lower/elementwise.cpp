@@ -201,8 +201,25 @@ void compare(const char* name, Cmp dir) {
 
 TPU_LOWERING(elementwise_arith) {
   binary("add", {"Tensor", "Scalar"}, [](Ctx& c, Ex x, Ex y) { return x + y * alpha(c, x); });
-  binary("sub", {"Tensor", "Scalar"}, [](Ctx& c, Ex x, Ex y) { return x - y * alpha(c, x); });
-  binary("rsub", {"Tensor", "Scalar"}, [](Ctx& c, Ex x, Ex y) { return y - x * alpha(c, x); });
+  // PyTorch rejects bool operands of subtraction (its Scalar overloads' meta
+  // kernels do not check, so the rule does).
+  auto no_bool = [](Ctx& c) {
+    for (int i : {0, 1}) {
+      const c10::IValue& v = c.arg(i);
+      TORCH_CHECK(!v.isBool() && !(v.isTensor() && v.toTensor().scalar_type() == c10::kBool),
+                  "[tpu] ", c.op_name(),
+                  ": subtraction of bool tensors is not supported; invert a mask with ~ or "
+                  "logical_not()");
+    }
+  };
+  binary("sub", {"Tensor", "Scalar"}, [no_bool](Ctx& c, Ex x, Ex y) {
+    no_bool(c);
+    return x - y * alpha(c, x);
+  });
+  binary("rsub", {"Tensor", "Scalar"}, [no_bool](Ctx& c, Ex x, Ex y) {
+    no_bool(c);
+    return y - x * alpha(c, x);
+  });
   binary("mul", {"Tensor", "Scalar"}, [](Ctx&, Ex x, Ex y) { return x * y; });
   binary("div", {"Tensor", "Scalar"}, [](Ctx&, Ex x, Ex y) { return x / y; });
   binary("div", {"Tensor_mode", "Scalar_mode"}, [](Ctx& c, Ex x, Ex y) {
