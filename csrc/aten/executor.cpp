@@ -204,6 +204,12 @@ class CallCtx final : public lower::Ctx {
     return b.convert(b.packed_scalar(d), as);
   }
 
+  Value scalar_at(int i, int e, DType as) override {
+    DType d = scalar_dtype(arg(i).toList().get(e));
+    p_.scalars.push_back({node_, i, e, d});
+    return b.convert(b.packed_scalar(d), as);
+  }
+
   void update(int i, Value v) override {
     if (!is_none(i)) write(arg(i).toTensor(), v);
   }
@@ -245,31 +251,6 @@ class CallCtx final : public lower::Ctx {
 };
 
 // PyTorch's meta kernel gives the outputs' dtypes and sizes (and its errors).
-c10::IValue to_meta(const c10::IValue& v) {
-  auto meta = [](const at::Tensor& t) -> at::Tensor {
-    // CPU tensors stay on the CPU (so device mismatches raise as in eager),
-    // except 0-dim scalars, which mix with any device.
-    if (!t.defined() || (!t.device().is_privateuseone() && t.dim() > 0)) return t;
-    return at::empty_strided(t.sizes(), t.strides(),
-                             c10::TensorOptions().dtype(t.scalar_type()).device(c10::kMeta));
-  };
-  if (v.isTensor()) return meta(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> l;
-    for (const at::Tensor& t : v.toTensorList()) l.push_back(meta(t));
-    return l;
-  }
-  if (v.isList()) {
-    auto src = v.toList();
-    c10::impl::GenericList l(src.elementType());
-    for (const c10::IValue& e : src) l.push_back(to_meta(e));
-    return l;
-  }
-  if (v.isGenerator()) return c10::IValue();
-  if (v.isDevice() && v.toDevice().is_privateuseone()) return c10::Device(c10::kMeta);
-  return v;
-}
-
 std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args,
                                      size_t first, size_t n, std::vector<int>& ret_lists) {
   torch::jit::Stack ms;
@@ -297,7 +278,7 @@ std::shared_ptr<Entry> compile_call(const c10::OperatorHandle& op, const OpInfo&
                                     const torch::jit::Stack& args, size_t first, size_t n,
                                     std::vector<DeviceStorage*>& storages) {
   auto entry = std::make_shared<Entry>();
-  CallOutputs outs = call_outputs(op, args, first, n);
+  CallOutputs outs = call_outputs(op, info, args, first, n);
   entry->ret_lists = outs.ret_lists;
   Program p;
   for (DeviceStorage* st : storages) p.add_slot({st->has_value(), st->dtype, st->nbytes});
@@ -440,6 +421,31 @@ void debug_checks(const std::string& what, const std::vector<pjrt::BufferPtr>& o
 
 }  // namespace
 
+c10::IValue to_meta(const c10::IValue& v) {
+  auto meta = [](const at::Tensor& t) -> at::Tensor {
+    // CPU tensors stay on the CPU (so device mismatches raise as in eager),
+    // except 0-dim scalars, which mix with any device.
+    if (!t.defined() || (!t.device().is_privateuseone() && t.dim() > 0)) return t;
+    return at::empty_strided(t.sizes(), t.strides(),
+                             c10::TensorOptions().dtype(t.scalar_type()).device(c10::kMeta));
+  };
+  if (v.isTensor()) return meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(meta(t));
+    return l;
+  }
+  if (v.isList()) {
+    auto src = v.toList();
+    c10::impl::GenericList l(src.elementType());
+    for (const c10::IValue& e : src) l.push_back(to_meta(e));
+    return l;
+  }
+  if (v.isGenerator()) return c10::IValue();
+  if (v.isDevice() && v.toDevice().is_privateuseone()) return c10::Device(c10::kMeta);
+  return v;
+}
+
 size_t program_table_limit() {
   static const size_t n = static_cast<size_t>(cache::process_config().memory_entries);
   return n;
@@ -515,8 +521,9 @@ void Program::write(int slot, const at::Tensor& t, hlo::Value v, const std::stri
   if (std::find(written.begin(), written.end(), slot) == written.end()) written.push_back(slot);
 }
 
-CallOutputs call_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args, size_t first,
-                         size_t n) {
+CallOutputs call_outputs(const c10::OperatorHandle& op, const OpInfo& info,
+                         const torch::jit::Stack& args, size_t first, size_t n) {
+  if (info.foreach) return foreach_outputs(*info.foreach, info, args, first);
   CallOutputs co;
   std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, co.ret_lists);
   for (const at::Tensor& m : metas) {
@@ -531,11 +538,24 @@ std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
                                    const torch::jit::Stack& args, size_t first,
                                    const SlotOf& slot_of, const CallOutputs& outs,
                                    int64_t* rng_numel) {
-  CallCtx ctx(p, node, info, args, first, slot_of, outs);
+  // An in-place foreach op's results are its list's new values.
+  CallOutputs list_outs;
+  if (info.list_write_arg >= 0) {
+    for (const at::Tensor& t : args[first + info.list_write_arg].toTensorList()) {
+      list_outs.types.push_back(Type{to_dtype(t.scalar_type()), t.sizes().vec()});
+      list_outs.undefined.push_back(false);
+    }
+  }
+  const CallOutputs& co = info.list_write_arg >= 0 ? list_outs : outs;
+  CallCtx ctx(p, node, info, args, first, slot_of, co);
   std::vector<Value> vals = (*info.rule)(ctx);
-  TORCH_CHECK(vals.size() == outs.types.size(), "[tpu] lowering of ", info.name, " returned ",
-              vals.size(), " values for ", outs.types.size(), " outputs");
-  std::vector<Value> fresh(vals.size());
+  TORCH_CHECK(vals.size() == co.types.size(), "[tpu] lowering of ", info.name, " returned ",
+              vals.size(), " values for ", co.types.size(), " outputs");
+  if (info.list_write_arg >= 0) {
+    auto list = args[first + info.list_write_arg].toTensorList();
+    for (size_t k = 0; k < vals.size(); ++k) ctx.write(list[k], vals[k]);
+  }
+  std::vector<Value> fresh(outs.types.size());
   size_t k = 0;
   for (size_t r = 0; r < outs.ret_lists.size(); ++r) {
     int cnt = outs.ret_lists[r] < 0 ? 1 : outs.ret_lists[r];
@@ -580,6 +600,8 @@ DType pack_dtype(DType d) {
 
 c10::Scalar scalar_of(const c10::IValue& v, int sub) {
   if (!v.isTensor() && !v.isList() && !v.isTensorList()) return v.toScalar();
+  if (v.isList() && !v.isTensorList() && !v.toList().get(sub).isTensor())
+    return v.toList().get(sub).toScalar();  // a Scalar[] element
   at::Tensor t =
       sub < 0 ? v.toTensor()
               : (v.isTensorList() ? v.toTensorList().get(sub) : v.toList().get(sub).toTensor());

@@ -11,6 +11,8 @@
 
 namespace torchtpu::aten {
 
+struct ForeachOp;  // foreach.cpp
+
 // How an op maps onto a rule: the rule of its own name, or of its functional
 // twin (in-place `foo_` -> `foo`, out= -> the overload with the same inputs).
 struct OpInfo {
@@ -19,10 +21,23 @@ struct OpInfo {
   bool is_out = false;                // has out= arguments
   std::vector<uint8_t> scalar_arg;    // per argument: 1 = Scalar (a runtime input)
   std::vector<int> ret_alias_arg;     // per return: index of the argument it writes, or -1
+  // In-place foreach ops (`_foreach_add_`) return nothing: the functional
+  // twin's k-th result is written into element k of this Tensor(a!)[] argument.
+  int list_write_arg = -1;
+  const ForeachOp* foreach = nullptr;  // set for `_foreach_*` ops lowered per element
 };
 const OpInfo& op_info(const c10::OperatorHandle& op);
 // Whether the op "aten::name.overload" exists and has a rule (its own or its twin's).
 bool has_lowering(const std::string& qualified);
+// How a `_foreach_*` op lowers: the rule of its per-element op (`add.Tensor`
+// for `_foreach_add.List`) on each element of its lists. Sets scalar_arg for
+// Scalar[] arguments the element op takes at run time. Null when no element
+// op with a rule matches.
+const ForeachOp* foreach_op(const c10::FunctionSchema& s, std::vector<uint8_t>& scalar_arg);
+const lower::Rule* foreach_rule(const ForeachOp& f);
+// Registers the tpu kernel for every `_foreach_*` op with a rule (PyTorch's
+// composite per-tensor loop would otherwise run first, one call per tensor).
+void register_foreach_kernels();
 // Counts (and warns once per op about) a call run on the CPU.
 void count_fallback(const std::string& name);
 

@@ -259,7 +259,7 @@ std::shared_ptr<const Template> make_template(const c10::OperatorHandle& op, con
                                               const torch::jit::Stack& args, size_t first, size_t n,
                                               std::vector<DeviceStorage*> storages) {
   auto t = std::make_shared<Template>();
-  t->outs = call_outputs(op, args, first, n);
+  t->outs = call_outputs(op, info, args, first, n);
   // Lowering once now reports rule errors at the call and finds the random
   // stream's size; the program itself is built at the cut.
   Program p;
@@ -484,7 +484,7 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
     const Node& node = g.nodes[order[s.node]];
     for (const auto& [a, sub, v] : node.host_scalars)
       if (a == s.index && sub == s.sub) return v;
-    return node.args[s.index].toScalar();
+    return scalar_of(node.args[s.index], s.sub);
   };
   for (pjrt::BufferPtr& b : scalar_packs(entry->scalars, entry->packs, of, g.device))
     owned.push_back(std::move(b));
@@ -525,9 +525,10 @@ void flush_locked(Graph& g, const char* reason, int target = -1) {
   std::vector<int> first, rest;
   if (target >= 0 && split_reads()) partition(g, target, first, rest);
   // A second program costs a launch and extra outputs; it pays when the host
-  // has many calls to record while it runs (measured: an MLP step of 87 calls
-  // was slower split, a GPT step of 421 faster).
-  constexpr size_t kMinRest = 128;
+  // has many calls to record while it runs (measured with foreach optimizer
+  // ops: an MLP step, 29 of 36 calls in the rest, was slower split; a GPT
+  // step, 82 of 151, faster).
+  constexpr size_t kMinRest = 64;
   if (rest.size() < kMinRest) {
     first.resize(n_nodes);
     std::iota(first.begin(), first.end(), 0);

@@ -243,6 +243,15 @@ std::unique_ptr<OpInfo> make_info(const c10::FunctionSchema& s) {
     info->rule = lower::find_rule(f);
   }
   if (!info->rule && info->is_out) info->rule = functional_rule(s);
+  if (!info->rule && base.rfind("_foreach_", 0) == 0) {
+    info->foreach = foreach_op(s, info->scalar_arg);
+    if (info->foreach) info->rule = foreach_rule(*info->foreach);
+    // In place (`self`) or out= (`out`): the list argument the results go to.
+    for (size_t i = 0; i < s.arguments().size() && info->rule && s.returns().empty(); ++i) {
+      const auto* a = s.arguments()[i].alias_info();
+      if (a && a->isWrite() && info->list_write_arg < 0) info->list_write_arg = static_cast<int>(i);
+    }
+  }
   std::string stem = base.size() > 1 && base.back() == '_' ? base.substr(0, base.size() - 1) : base;
   for (int i : lower::attribute_scalars_of(stem))
     if (i < static_cast<int>(info->scalar_arg.size())) info->scalar_arg[i] = 0;
@@ -350,6 +359,23 @@ void tpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+void register_foreach_kernels() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static auto* lib = new torch::Library(torch::Library::IMPL, "aten",
+                                          c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    auto& d = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : d.getAllOpNames()) {
+      if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
+      auto h = d.findOp(name);
+      if (!h || !op_info(*h).rule) continue;
+      std::string op = name.name.substr(6);
+      if (!name.overload_name.empty()) op += "." + name.overload_name;
+      lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
+    }
+  });
+}
 
 std::vector<std::pair<std::string, int64_t>> fallback_report() {
   std::lock_guard<std::mutex> lock(fallback_mu);

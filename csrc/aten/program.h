@@ -30,7 +30,7 @@ struct InputSource {
 struct ScalarSource {
   int node;     // call within the program
   int index;    // argument index
-  int sub;      // element of a Tensor[] argument, -1 otherwise
+  int sub;      // element of a Tensor[] or Scalar[] argument, -1 otherwise
   DType dtype;  // the pack: F64, I64 or Bool
 };
 
@@ -73,8 +73,15 @@ struct CallOutputs {
   std::vector<bool> undefined;  // outputs the op leaves undefined (masked-off grads)
   std::vector<int> ret_lists;   // per return: -1 single tensor, n = Tensor[] of n
 };
-CallOutputs call_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args, size_t first,
-                         size_t n);
+CallOutputs call_outputs(const c10::OperatorHandle& op, const OpInfo& info,
+                         const torch::jit::Stack& args, size_t first, size_t n);
+// A foreach call's outputs from its element op's meta kernel, run per element
+// (PyTorch's foreach meta kernels skip the element ops' checks and promotion).
+CallOutputs foreach_outputs(const ForeachOp& f, const OpInfo& info, const torch::jit::Stack& args,
+                            size_t first);
+// A meta-device copy of an argument (tensors and tensor lists; CPU tensors of
+// rank > 0 stay, so device mismatches raise as in eager).
+c10::IValue to_meta(const c10::IValue& v);
 
 // Lowers one call into `p` (node `node`): writes to aliased and mutated
 // arguments go to their slots; returns the fresh outputs coerced to their

@@ -109,6 +109,7 @@ at::Generator gen(int device) { return default_generator(device < 0 ? current_de
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchTPU native core";
   set_location_hook(&python_location);
+  register_foreach_kernels();
   // c10 errors become the matching Python exceptions, without C++ backtraces.
   py::register_exception_translator([](std::exception_ptr p) {
     try {

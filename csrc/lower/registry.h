@@ -42,6 +42,8 @@ class Ctx {
   // A Scalar argument, passed to the program at run time (so a changing
   // learning rate never recompiles), converted to `as`.
   virtual Value scalar(int i, DType as) = 0;
+  // Element e of a Scalar[] argument, passed at run time like `scalar`.
+  virtual Value scalar_at(int i, int e, DType as) = 0;
   // Attributes (baked into the program and its cache key).
   int64_t i64(int i) const { return arg(i).toInt(); }
   double f64(int i) const { return arg(i).toDouble(); }
