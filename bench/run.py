@@ -38,33 +38,70 @@ def add_chain(device: str, n: int) -> tuple[float, float]:
     return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
 
 
+class Trainer:
+    """A model and its AdamW optimizer on one device; `run` times training steps
+    (forward, backward, clip, step, loss.item()). With `backend`, the model runs under
+    torch.compile with that backend."""
+
+    def __init__(self, model_fn, batches, device: str, backend: str | None = None) -> None:
+        torch.manual_seed(0)
+        self.model = model_fn().to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.fwd = torch.compile(self.model, backend=backend) if backend else self.model
+        self.batches, self.device, self.i = batches, device, 0
+
+    def run(self, steps: int) -> list[tuple[float, float]]:
+        """(seconds per step, host seconds per step before the loss.item() sync)."""
+        out_times = []
+        for _ in range(steps):
+            x, y = (t.to(self.device) for t in self.batches[self.i % len(self.batches)])
+            self.i += 1
+            t0 = time.perf_counter()
+            self.opt.zero_grad(set_to_none=True)
+            if isinstance(self.model, GPT):
+                out = self.fwd(x, y)
+            else:
+                out = torch.nn.functional.cross_entropy(self.fwd(x), y)
+            out.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            t1 = time.perf_counter()
+            out.item()
+            out_times.append((time.perf_counter() - t0, t1 - t0))
+        return out_times
+
+
+def _medians(times: list[tuple[float, float]]) -> tuple[float, float]:
+    total = sorted(t for t, _ in times)
+    host = sorted(h for _, h in times)
+    return total[len(total) // 2], host[len(host) // 2]
+
+
 def step_time(
     model_fn, batches, device: str, steps: int, warmup: int = 3, backend: str | None = None
 ) -> tuple[float, float]:
-    """Median seconds per AdamW training step (forward, backward, clip, step, loss.item())
-    and median host seconds per step (the same, before the loss.item() sync). With
-    `backend`, the model runs under torch.compile with that backend."""
-    torch.manual_seed(0)
-    model = model_fn().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    fwd = torch.compile(model, backend=backend) if backend else model
-    times, host = [], []
-    for i in range(warmup + steps):
-        x, y = (t.to(device) for t in batches[i % len(batches)])
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        out = fwd(x, y) if isinstance(model, GPT) else torch.nn.functional.cross_entropy(fwd(x), y)
-        out.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        t1 = time.perf_counter()
-        out.item()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-            host.append(t1 - t0)
-    times.sort()
-    host.sort()
-    return times[len(times) // 2], host[len(host) // 2]
+    """Median seconds per training step and median host seconds per step."""
+    t = Trainer(model_fn, batches, device, backend)
+    t.run(warmup)
+    return _medians(t.run(steps))
+
+
+def eager_modes(model_fn, batches, rounds: int, steps: int) -> dict[str, tuple[float, float]]:
+    """Median (step, host) seconds of torch CPU eager, tpu Strict and tpu Fused, run in
+    `rounds` interleaved rounds of `steps` steps (after warm-up), so that the machine's
+    swings hit all three alike."""
+    runs = {
+        "cpu": ("strict", Trainer(model_fn, batches, "cpu")),
+        "strict": ("strict", Trainer(model_fn, batches, "tpu")),
+        "fused": ("fused", Trainer(model_fn, batches, "tpu")),
+    }
+    times: dict[str, list] = {name: [] for name in runs}
+    for r in range(rounds):
+        for name, (mode, trainer) in runs.items():
+            with torchtpu.eager_mode(mode):
+                trainer.run(3 if r == 0 else 1)  # warm-up; a mode switch flushes
+                times[name] += trainer.run(steps)
+    return {name: _medians(t) for name, t in times.items()}
 
 
 # One process of the cold/warm compile cache benchmark: GPT training steps as in
@@ -171,7 +208,8 @@ def print_compiled(batches, steps: int, gpt_row: tuple) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--adds", type=int, default=10_000)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=10, help="steps per round")
+    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds per eager mode")
     ap.add_argument("--cache-only", action="store_true", help="only the cold/warm cache runs")
     args = ap.parse_args()
     if args.cache_only:
@@ -194,14 +232,12 @@ def main() -> None:
     gpt_batches = [copy_task_batch(gen, 8, 32, 64) for _ in range(4)]
     steps = []
     for name, fn, batches in (("MLP", MLP, mlp_batches), ("GPT", GPT, gpt_batches)):
-        c, _ = step_time(fn, batches, "cpu", args.steps)
-        s, s_host = step_time(fn, batches, "tpu", args.steps)
         before = torchtpu.metrics()
-        with torchtpu.eager_mode("fused"):
-            f, f_host = step_time(fn, batches, "tpu", args.steps)
+        res = eager_modes(fn, batches, args.rounds, args.steps)
         after = torchtpu.metrics()
         graphs = after["fused_graphs"] - before["fused_graphs"]
         per_graph = (after["fused_ops"] - before["fused_ops"]) / max(graphs, 1)
+        (c, _), (s, s_host), (f, f_host) = res["cpu"], res["strict"], res["fused"]
         rows.append((f"{name} train step ms (Strict)", c * 1e3, s * 1e3))
         steps.append((name, c, s, f, s_host, f_host, per_graph))
 
