@@ -41,10 +41,11 @@ std::pair<Ex, Ex> halves(Builder& b, Value x, int64_t dim) {
   return {Ex(b, b.slice(x, lo, mid, {})), Ex(b, b.slice(x, start2, hi, {}))};
 }
 
-// |x| > lambd: where hardshrink keeps x and both shrinks pass the gradient.
-Ex outside(Ctx& c, const Ex& x, int lambd_arg) {
+// |x| <= lambd: where the shrinks give 0 and pass no gradient. Tested this way
+// round so a NaN is outside, and passes through as on the CPU.
+Ex inside(Ctx& c, const Ex& x, int lambd_arg) {
   Ex l(c.b, broadcast_to(c.b, c.scalar(lambd_arg, x.v.dtype()), x.v.shape()));
-  return x.un("abs").cmp(Cmp::GT, l);
+  return x.un("abs").cmp(Cmp::LE, l);
 }
 
 // Reduction of the src entries that a torch.scatter along `dim` sends to each
@@ -233,22 +234,22 @@ TPU_LOWERING(extra_activations) {
   // (self, lambd)
   reg("hardshrink", [](Ctx& c) -> V {
     Ex x(c.b, c.in(0));
-    return {where(outside(c, x, 1), x, x.k(0))};
+    return {where(inside(c, x, 1), x.k(0), x)};
   });
   reg("softshrink", [](Ctx& c) -> V {
     Builder& b = c.b;
     Ex x(b, c.in(0));
     Ex l(b, broadcast_to(b, c.scalar(1, x.v.dtype()), x.v.shape()));
     Ex shifted = where(x.cmp(Cmp::GT, l), x - l, x + l);
-    return {where(outside(c, x, 1), shifted, x.k(0))};
+    return {where(inside(c, x, 1), x.k(0), shifted)};
   });
-  // (grad_out, self, lambd): both pass the gradient where |x| > lambd.
+  // (grad_out, self, lambd): both pass the gradient outside [-lambd, lambd].
   for (const char* n : {"hardshrink_backward", "softshrink_backward"}) {
     reg(n, [](Ctx& c) -> V {
       Builder& b = c.b;
       Ex x(b, c.in(1));
       Ex g(b, b.convert(c.in(0), x.v.dtype()));
-      return {where(outside(c, x, 2), g, g.k(0))};
+      return {where(inside(c, x, 2), g.k(0), g)};
     });
   }
 }

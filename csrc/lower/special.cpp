@@ -371,12 +371,14 @@ TPU_LOWERING(special_gamma) {
   binary("special_zeta", {"", "self_scalar", "other_scalar"}, [](Ex x, Ex q) {
     return Ex(*x.b, x.b->chlo("zeta", {x.v, q.v}, x.v.type));
   });
-  binary("igamma", {""}, [](Ex a, Ex x) {
-    return igamma_(a.to(DType::F64), x.to(DType::F64), false).to(a.v.dtype());
-  });
-  binary("igammac", {""}, [](Ex a, Ex x) {
-    return igamma_(a.to(DType::F64), x.to(DType::F64), true).to(a.v.dtype());
-  });
+  // A NaN operand gives NaN, as on the CPU (the series would return a number).
+  for (bool upper : {false, true}) {
+    binary(upper ? "igammac" : "igamma", {""}, [upper](Ex a, Ex x) {
+      Ex r = igamma_(a.to(DType::F64), x.to(DType::F64), upper).to(a.v.dtype());
+      r = where(a.cmp(Cmp::NE, a), a, r);
+      return where(x.cmp(Cmp::NE, x), x, r);
+    });
+  }
   binary("nextafter", {""}, [](Ex x, Ex y) {
     return Ex(*x.b, x.b->chlo("next_after", {x.v, y.v}, x.v.type));
   });

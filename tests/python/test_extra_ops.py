@@ -200,13 +200,20 @@ _NAN_OPS = {
     "clamp_max_tensor": lambda a, b: a.clamp(max=b),
     "clamp_scalars": lambda a, b: a.clamp(-0.5, 0.5),
     "hardtanh": lambda a, b: F.hardtanh(a),
+    "hardshrink": lambda a, b: F.hardshrink(a, 0.5),
+    "softshrink": lambda a, b: F.softshrink(a, 0.5),
+    "hardshrink_grad": lambda a, b: torch.autograd.grad(
+        F.hardshrink(a.requires_grad_(), 0.5).sum(), a
+    )[0],
+    "igamma": lambda a, b: torch.special.gammainc(a.abs() + 0.1, b.abs()),
+    "igammac": lambda a, b: torch.special.gammaincc(a.abs() + 0.1, b.abs()),
 }
 
 
 @pytest.mark.parametrize("name", sorted(_NAN_OPS))
-def test_min_max_and_clamp_propagate_nan(name, eager):
+def test_nan_propagates(name, eager):
     # A NaN in either operand gives NaN, as on the CPU (XLA:CPU's fast min/max
-    # would return the other operand).
+    # would return the other operand; a shrink's |x| <= lambda test is false for NaN).
     nan = float("nan")
     a = torch.tensor([1.0, nan, 3.0, nan, -2.0])
     b = torch.tensor([nan, 2.0, 1.0, nan, 0.0])
