@@ -548,10 +548,19 @@ std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
   }
   const CallOutputs& co = info.list_write_arg >= 0 ? list_outs : outs;
   CallCtx ctx(p, node, info, args, first, slot_of, co);
-  std::vector<Value> vals = (*info.rule)(ctx);
+  // Every output empty (a batch of 0): the meta kernel has checked the call and
+  // there is nothing to compute or write; rules need not handle empty shapes.
+  const bool empty = !co.types.empty() && std::all_of(co.types.begin(), co.types.end(),
+                                                      [](const Type& t) { return t.numel() == 0; });
+  std::vector<Value> vals;
+  if (empty) {
+    for (const Type& t : co.types) vals.push_back(p.b.splat(0, t));
+  } else {
+    vals = (*info.rule)(ctx);
+  }
   TORCH_CHECK(vals.size() == co.types.size(), "[tpu] lowering of ", info.name, " returned ",
               vals.size(), " values for ", co.types.size(), " outputs");
-  if (info.list_write_arg >= 0) {
+  if (info.list_write_arg >= 0 && !empty) {
     auto list = args[first + info.list_write_arg].toTensorList();
     for (size_t k = 0; k < vals.size(); ++k) ctx.write(list[k], vals[k]);
   }
@@ -561,9 +570,9 @@ std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
     int cnt = outs.ret_lists[r] < 0 ? 1 : outs.ret_lists[r];
     int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
     for (int j = 0; j < cnt; ++j, ++k) {
-      if (alias >= 0)
+      if (alias >= 0 && !empty)
         ctx.write(args[first + alias].toTensor(), vals[k]);
-      else if (!outs.undefined[k])
+      else if (alias < 0 && !outs.undefined[k])
         fresh[k] = lower::coerce(p.b, vals[k], outs.types[k]);
     }
   }

@@ -237,3 +237,23 @@ def test_rrelu_training_slopes_in_range(eager):
     slope = (y / xc)[xc < 0]
     assert ((slope >= 0.1) & (slope <= 0.3)).all()
     assert torch.equal(y[xc >= 0], xc[xc >= 0])
+
+
+EMPTY_BATCH = {
+    "avg_pool2d": lambda x: F.avg_pool2d(x, 2),
+    "adaptive_avg_pool2d": lambda x: F.adaptive_avg_pool2d(x, 2),
+    "adaptive_max_pool2d": lambda x: F.adaptive_max_pool2d(x, 2, return_indices=True),
+    "lp_pool2d": lambda x: F.lp_pool2d(x, 2, 2),
+    "sum_over_batch": lambda x: x.sum(0),
+    "avg_pool2d_backward": lambda x: torch.autograd.grad(
+        F.avg_pool2d(x.requires_grad_(), 2).sum(), x
+    )[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_BATCH))
+def test_empty_batch(name, eager):
+    # Calls whose every output is empty compute nothing (the rules need not build
+    # zero-size shapes); a reduction over the empty dim still gives its identity.
+    x = torch.randn(0, 3, 4, 4)
+    assert_tpu_close(EMPTY_BATCH[name](x.to("tpu")), EMPTY_BATCH[name](x))
