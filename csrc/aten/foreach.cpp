@@ -268,9 +268,9 @@ CallOutputs foreach_outputs(const ForeachOp& f, const OpInfo& info, const torch:
       TORCH_CHECK(e < dst.size() && dst[e].sizes() == m.sizes(), "[tpu] ", info.name, ": result ",
                   e, " has shape ", m.sizes(), " but the tensor it is written to has ",
                   e < dst.size() ? dst[e].sizes() : c10::IntArrayRef{});
-      TORCH_CHECK(c10::canCast(m.scalar_type(), dst[e].scalar_type()), "result type ",
-                  m.scalar_type(), " can't be cast to the desired output type ",
-                  dst[e].scalar_type());
+      TORCH_CHECK(c10::canCast(m.scalar_type(), dst[e].scalar_type()), "[tpu] ", info.name,
+                  ": result ", e, " is ", m.scalar_type(), ", which cannot be written into a ",
+                  dst[e].scalar_type(), " tensor");
       continue;
     }
     co.types.push_back(Type{lower::to_dtype(m.scalar_type()), m.sizes().vec()});
