@@ -107,7 +107,7 @@ def _run_fused(gm: Callable, args: Sequence[Any]) -> Any:
 
 def _symbol_values(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], tuple]:
     """Reads the graph's symbols (as ``name=value`` pairs) from its real inputs."""
-    from ._bucket import _expr, _val
+    from ._bucket_layout import _expr, _val
 
     sources: dict = {}
     for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
@@ -157,7 +157,7 @@ def _exact(gm: torch.fx.GraphModule, label: str, why: str) -> Callable:
 
 def _padded(plan: Any, gm: torch.fx.GraphModule, buckets: Any, label: str) -> Callable:
     """Runs the planned graph at bucket sizes (exact sizes where no bucket fits)."""
-    from ._bucket import Ctx
+    from ._bucket_layout import Ctx
 
     _C.count_compiled_graph()
     seen: set = set()
@@ -219,7 +219,8 @@ class _Bounded:
     def partition(self, joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
         from torch._functorch.partitioners import default_partition
 
-        from ._bucket import Unsupported, graph_symbols
+        from ._bucket import graph_symbols
+        from ._bucket_layout import Unsupported
 
         fw, bw = default_partition(joint, joint_inputs, **kwargs)
         syms = graph_symbols(fw.graph)
@@ -253,7 +254,8 @@ class _Bounded:
         return GraphPlan(gm, syms, given, pad, 0)
 
     def _compile(self, gm: torch.fx.GraphModule, kind: str) -> Callable:
-        from ._bucket import Unsupported, graph_symbols
+        from ._bucket import graph_symbols
+        from ._bucket_layout import Unsupported
 
         label = f"{self.label} {kind}"
         syms = graph_symbols(gm.graph)
