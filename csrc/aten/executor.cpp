@@ -198,16 +198,9 @@ class CallCtx final : public lower::Ctx {
     return out;
   }
 
-  Value scalar(int i, DType as) override {
-    DType d = scalar_dtype(arg(i));
-    p_.scalars.push_back({node_, i, -1, d});
-    return b.convert(b.packed_scalar(d), as);
-  }
-
+  Value scalar(int i, DType as) override { return packed(arg(i), i, -1, as); }
   Value scalar_at(int i, int e, DType as) override {
-    DType d = scalar_dtype(arg(i).toList().get(e));
-    p_.scalars.push_back({node_, i, e, d});
-    return b.convert(b.packed_scalar(d), as);
+    return packed(arg(i).toList().get(e), i, e, as);
   }
 
   void update(int i, Value v) override {
@@ -238,6 +231,13 @@ class CallCtx final : public lower::Ctx {
     }
     Value flat = b.reinterpret_flat(p_.storage(slot, d), d);  // maybe viewed as another dtype
     return lower::read_view(b, flat, view_geom(t));
+  }
+
+  // A runtime scalar (argument i, element sub) read from the program's pack.
+  Value packed(const c10::IValue& v, int i, int sub, DType as) {
+    DType d = scalar_dtype(v);
+    p_.scalars.push_back({node_, i, sub, d});
+    return b.convert(b.packed_scalar(d), as);
   }
 
   Program& p_;
@@ -609,8 +609,10 @@ DType pack_dtype(DType d) {
 
 c10::Scalar scalar_of(const c10::IValue& v, int sub) {
   if (!v.isTensor() && !v.isList() && !v.isTensorList()) return v.toScalar();
-  if (v.isList() && !v.isTensorList() && !v.toList().get(sub).isTensor())
-    return v.toList().get(sub).toScalar();  // a Scalar[] element
+  if (v.isList() && !v.isTensorList()) {
+    c10::IValue e = v.toList().get(sub);
+    if (!e.isTensor()) return e.toScalar();  // a Scalar[] element
+  }
   at::Tensor t =
       sub < 0 ? v.toTensor()
               : (v.isTensorList() ? v.toTensorList().get(sub) : v.toList().get(sub).toTensor());

@@ -246,10 +246,13 @@ std::unique_ptr<OpInfo> make_info(const c10::FunctionSchema& s) {
   if (!info->rule && base.rfind("_foreach_", 0) == 0) {
     info->foreach = foreach_op(s, info->scalar_arg);
     if (info->foreach) info->rule = foreach_rule(*info->foreach);
-    // In place (`self`) or out= (`out`): the list argument the results go to.
-    for (size_t i = 0; i < s.arguments().size() && info->rule && s.returns().empty(); ++i) {
+    // In place (`self`) or out= (`out`): the first written list gets the results.
+    for (size_t i = 0; info->foreach && s.returns().empty() && i < s.arguments().size(); ++i) {
       const auto* a = s.arguments()[i].alias_info();
-      if (a && a->isWrite() && info->list_write_arg < 0) info->list_write_arg = static_cast<int>(i);
+      if (a && a->isWrite()) {
+        info->list_write_arg = static_cast<int>(i);
+        break;
+      }
     }
   }
   std::string stem = base.size() > 1 && base.back() == '_' ? base.substr(0, base.size() - 1) : base;
