@@ -21,6 +21,7 @@
 #include <mutex>
 #include <numeric>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "aten/executor.h"
 #include "aten/generator.h"
@@ -133,6 +134,10 @@ struct Graph {
   std::vector<int64_t> live_at;  // per node: live pending storages before it
   int64_t live_pending = 0;
   Loop loop;
+  uint64_t prefix = 0;                      // hash of the calls recorded so far
+  std::vector<uint64_t> prefix_at;          // per node: `prefix` before it
+  std::unordered_set<uint64_t> read_ahead;  // learned cut points (cut_point)
+  bool ahead = false;  // the last cut was a read-ahead cut; the read is still to come
   std::unordered_map<std::string, std::shared_ptr<const Template>> templates;
   std::unordered_map<std::string, std::shared_ptr<FusedEntry>> programs;
   std::map<std::string, int64_t> cuts;
@@ -331,6 +336,8 @@ void clear(Graph& g) {
   g.key.clear();
   g.hist.clear();
   g.live_at.clear();
+  g.prefix = 0;
+  g.prefix_at.clear();
   g.live_pending = 0;
   g.loop.since = 0;
   g_nonempty = false;
@@ -393,6 +400,19 @@ std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& order,
 }
 
 // TORCHTPU_FUSED_SPLIT=0: a read runs the whole graph as one program.
+bool read_ahead() {
+  static bool on = [] {
+    const char* v = std::getenv("TORCHTPU_FUSED_READ_AHEAD");
+    return !v || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// A cut point: the number of calls recorded and the hash of those calls.
+uint64_t cut_point(uint64_t prefix, size_t nodes) {
+  return prefix ^ (0x9e3779b97f4a7c15ULL * (nodes + 1));
+}
+
 bool split_reads() {
   static bool on = [] {
     const char* v = std::getenv("TORCHTPU_FUSED_SPLIT");
@@ -521,6 +541,7 @@ void flush_locked(Graph& g, const char* reason, int target = -1) {
   }
   auto t0 = std::chrono::steady_clock::now();
   g.cuts[reason]++;
+  g.ahead = false;
   const size_t n_nodes = g.nodes.size();
   std::vector<int> first, rest;
   if (target >= 0 && split_reads()) partition(g, target, first, rest);
@@ -570,6 +591,14 @@ void flush_locked(Graph& g, const char* reason, int target = -1) {
       put(key, static_cast<int32_t>(target));
       results = run_part(g, rest, outs, key + "|rest", hit_rest, failed);
       assign(outs, results, nullptr);
+      // A read that needed exactly the graph's first calls: when those calls
+      // are recorded again, they run at once while the host records the others
+      // (a training step's forward runs while its backward is recorded).
+      const size_t k = first.size();
+      if (read_ahead() && k > 0 && static_cast<size_t>(first.back()) == k - 1) {
+        if (g.read_ahead.size() >= 4096) g.read_ahead.clear();
+        g.read_ahead.insert(cut_point(g.prefix_at[k], k));
+      }
     }
   } catch (const std::exception& ex) {
     std::string msg = std::string("[tpu] a fused graph of ") + std::to_string(n_nodes) +
@@ -635,7 +664,10 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   if (!g.nodes.empty()) {
     if (g.loop.active && h == g.loop.first && g.hist.back() == g.loop.prev)
       flush_locked(g, "loop_boundary");
-    else if (g.nodes.size() >= max_ops())
+    else if (!g.read_ahead.empty() && g.read_ahead.count(cut_point(g.prefix, g.nodes.size()))) {
+      flush_locked(g, "read_ahead");
+      g.ahead = true;
+    } else if (g.nodes.size() >= max_ops())
       flush_locked(g, "size_cap");
   }
   g.device = device;
@@ -652,6 +684,9 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   if (debug_fusion() && g_location) node.where = g_location();
   g.hist.push_back(h);
   g.live_at.push_back(g.live_pending);
+  g.prefix_at.push_back(g.prefix);
+  g.prefix = g.prefix * 0x100000001b3ULL ^ h;
+  for (DeviceStorage* st : storages) g.prefix = g.prefix * 31 + g.slot_of.at(st);
 
   for (auto [slot, dtype] : tmpl->writes)
     node.writes.push_back(mark_written(g, storages[slot], dtype));
@@ -705,9 +740,14 @@ void fused_flush(const char* reason) {
 void fused_sync(const DeviceStorage& st, const char* reason, bool write) {
   if (st.error) TORCH_CHECK(false, *st.error);
   if (!g_nonempty) return;
-  if (!write && !st.pending) return;
   Graph& g = graph();
   std::lock_guard<std::recursive_mutex> lock(g.mu);
+  if (!write && !st.pending) {
+    // The value was computed ahead of its read; the read still ends the graph,
+    // as it would have without the read-ahead cut, so the graphs keep their shape.
+    if (g.ahead) flush_locked(g, SyncReason::current(reason));
+    return;
+  }
   auto it = g.slot_of.find(&st);
   if (it != g.slot_of.end())
     flush_locked(g, SyncReason::current(reason), write || !st.pending ? -1 : it->second);

@@ -204,6 +204,26 @@ def test_a_read_runs_the_calls_it_needs_first(fused):
     assert_tpu_close(v, x.cpu() * 2 + 20)
 
 
+def test_a_read_seen_before_runs_ahead(fused):
+    x = torch.randn(16, device="tpu")
+    c = torch.zeros(16, device="tpu")
+    torchtpu.flush()
+    cuts, ran_before_read = _cuts(), []
+    for step in range(4):
+        graphs = torchtpu.metrics()["fused_graphs"]
+        loss = (x * (step + 1)).sum()  # the read needs exactly these first calls
+        for _ in range(70):  # the rest: not needed by the read
+            c = c + 1
+        ran_before_read.append(torchtpu.metrics()["fused_graphs"] - graphs)
+        assert loss.item() == pytest.approx(x.cpu().sum().item() * (step + 1), rel=1e-5, abs=1e-5)
+    # Learned at the first read; from then on the first calls run as soon as they are
+    # recorded, and the read ends the graph of the others.
+    assert ran_before_read == [0, 1, 1, 1]
+    assert _cut_delta(cuts, "read_ahead") == 3
+    assert _cut_delta(cuts, "item") == 4
+    assert_tpu_close(c, torch.full((16,), 280.0))
+
+
 def test_cut_at_size_cap_and_cpu_fallback():
     check_py(
         """
@@ -398,15 +418,18 @@ def test_training_after_warmup_compiles_nothing(name, fused):
             for _ in range(4)
         ]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    ran_before_item = []
     for step in range(22):
         if step == 2:
-            before = torchtpu.metrics()
+            before, cuts = torchtpu.metrics(), _cuts()
         x, y = (t.to("tpu") for t in batches[step % 4])
+        graphs = torchtpu.metrics()["fused_graphs"]
         opt.zero_grad(set_to_none=True)
         loss = model(x, y) if name == "GPT" else F.cross_entropy(model(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        ran_before_item.append(torchtpu.metrics()["fused_graphs"] - graphs)
         loss.item()
     assert _delta(before, "compiles") == 0
     # A GPT step is two programs: the forward that loss.item() needs, then
@@ -414,3 +437,6 @@ def test_training_after_warmup_compiles_nothing(name, fused):
     per_step = 2 if name == "GPT" else 1
     assert _delta(before, "fused_graphs") == per_step * 20
     assert _delta(before, "fused_cache_hits") == per_step * 20
+    # From the second step on, the GPT's forward runs as soon as it is recorded.
+    assert _cut_delta(cuts, "read_ahead") == (20 if name == "GPT" else 0)
+    assert ran_before_item[1:] == [per_step - 1] * 21
