@@ -46,6 +46,12 @@ bool env_flag(const char* name) {
   return v && *v && std::string(v) != "0";
 }
 
+// A feature that is on unless `name` is "0".
+bool env_default_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !v || std::string(v) != "0";
+}
+
 bool debug_fusion() {
   static bool on = env_flag("TORCHTPU_DEBUG_FUSION");
   return on;
@@ -53,10 +59,7 @@ bool debug_fusion() {
 
 // TORCHTPU_FUSED_DONATE=0 turns donation off (to compare memory and speed).
 bool donation() {
-  static bool on = [] {
-    const char* v = std::getenv("TORCHTPU_FUSED_DONATE");
-    return !v || std::string(v) != "0";
-  }();
+  static bool on = env_default_on("TORCHTPU_FUSED_DONATE");
   return on;
 }
 
@@ -400,25 +403,20 @@ std::shared_ptr<FusedEntry> build(Graph& g, const std::vector<int>& order,
 }
 
 // TORCHTPU_FUSED_SPLIT=0: a read runs the whole graph as one program.
+bool split_reads() {
+  static bool on = env_default_on("TORCHTPU_FUSED_SPLIT");
+  return on;
+}
+
+// TORCHTPU_FUSED_READ_AHEAD=0: no read-ahead cuts.
 bool read_ahead() {
-  static bool on = [] {
-    const char* v = std::getenv("TORCHTPU_FUSED_READ_AHEAD");
-    return !v || std::string(v) != "0";
-  }();
+  static bool on = env_default_on("TORCHTPU_FUSED_READ_AHEAD");
   return on;
 }
 
 // A cut point: the number of calls recorded and the hash of those calls.
 uint64_t cut_point(uint64_t prefix, size_t nodes) {
   return prefix ^ (0x9e3779b97f4a7c15ULL * (nodes + 1));
-}
-
-bool split_reads() {
-  static bool on = [] {
-    const char* v = std::getenv("TORCHTPU_FUSED_SPLIT");
-    return !v || std::string(v) != "0";
-  }();
-  return on;
 }
 
 // Slots a call reads (its device tensor arguments) and writes (in place or fresh).
