@@ -543,12 +543,14 @@ void flush_locked(Graph& g, const char* reason, int target = -1) {
   const size_t n_nodes = g.nodes.size();
   std::vector<int> first, rest;
   if (target >= 0 && split_reads()) partition(g, target, first, rest);
-  // A second program costs a launch and extra outputs; it pays when the host
-  // has many calls to record while it runs (measured with foreach optimizer
-  // ops: an MLP step, 29 of 36 calls in the rest, was slower split; a GPT
-  // step, 82 of 151, faster).
-  constexpr size_t kMinRest = 64;
-  if (rest.size() < kMinRest) {
+  // A second program costs a launch and extra outputs. It pays when the host
+  // has many calls to record while the rest runs (an MLP step, 29 of 36 calls
+  // in the rest, was slower split; a GPT step, 82 of 151, faster), or when the
+  // first part is the graph's first calls, which read-ahead then runs while
+  // the host records the others (the MLP step is faster split that way).
+  constexpr size_t kMinRest = 64, kMinRestAhead = 16;
+  const bool prefix = !first.empty() && static_cast<size_t>(first.back()) == first.size() - 1;
+  if (rest.size() < (read_ahead() && prefix ? kMinRestAhead : kMinRest)) {
     first.resize(n_nodes);
     std::iota(first.begin(), first.end(), 0);
     rest.clear();
@@ -592,10 +594,9 @@ void flush_locked(Graph& g, const char* reason, int target = -1) {
       // A read that needed exactly the graph's first calls: when those calls
       // are recorded again, they run at once while the host records the others
       // (a training step's forward runs while its backward is recorded).
-      const size_t k = first.size();
-      if (read_ahead() && k > 0 && static_cast<size_t>(first.back()) == k - 1) {
+      if (read_ahead() && prefix) {
         if (g.read_ahead.size() >= 4096) g.read_ahead.clear();
-        g.read_ahead.insert(cut_point(g.prefix_at[k], k));
+        g.read_ahead.insert(cut_point(g.prefix_at[first.size()], first.size()));
       }
     }
   } catch (const std::exception& ex) {
