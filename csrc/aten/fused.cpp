@@ -674,7 +674,12 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   Node node{op, &info};
   node.tmpl = tmpl;
   g.key += key;
-  for (DeviceStorage* st : storages) put(g.key, static_cast<int32_t>(slot_for(g, st)));
+  uint64_t prefix = g.prefix * 0x100000001b3ULL ^ h;
+  for (DeviceStorage* st : storages) {
+    const int slot = slot_for(g, st);
+    put(g.key, static_cast<int32_t>(slot));
+    prefix = prefix * 31 + slot;
+  }
   node.args.reserve(n);
   for (size_t i = 0; i < n; ++i)
     node.args.push_back(strip(g, node, static_cast<int>(i), (*stack)[first + i]));
@@ -683,9 +688,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   if (debug_fusion() && g_location) node.where = g_location();
   g.hist.push_back(h);
   g.live_at.push_back(g.live_pending);
-  g.prefix_at.push_back(g.prefix);
-  g.prefix = g.prefix * 0x100000001b3ULL ^ h;
-  for (DeviceStorage* st : storages) g.prefix = g.prefix * 31 + g.slot_of.at(st);
+  g.prefix_at.push_back(std::exchange(g.prefix, prefix));
 
   for (auto [slot, dtype] : tmpl->writes)
     node.writes.push_back(mark_written(g, storages[slot], dtype));
