@@ -671,21 +671,21 @@ class Planner:
             raise Unsupported("scale_grad_by_freq counts padded indices")
         self.actions[node] = _masking_call(op, [(b["grad_output"][0], self.L(g), 0)])
 
-    def _r_native_layer_norm(self, node, op, b):
-        x = b["input"][1]
-        lay = self.L(x)
+    def _layer_norm_layout(self, b) -> tuple:
+        """The input's layout and the number of normalized dims, none of them padded."""
+        lay = self.L(b["input"][1])
         k = len(b["normalized_shape"][1])
         if any(_dim_padded(d) for d in lay[len(lay) - k :]):
             raise Unsupported("normalizes over a padded dim")
+        return lay, k
+
+    def _r_native_layer_norm(self, node, op, b):
+        lay, k = self._layer_norm_layout(b)
         stat = lay[: len(lay) - k] + ((1,),) * k
         return [self._store(lay), self._store(stat), self._store(stat)]
 
     def _r_native_layer_norm_backward(self, node, op, b):
-        x = b["input"][1]
-        lay = self.L(x)
-        k = len(b["normalized_shape"][1])
-        if any(_dim_padded(d) for d in lay[len(lay) - k :]):
-            raise Unsupported("normalizes over a padded dim")
+        lay, _ = self._layer_norm_layout(b)
         # The weight and bias gradients sum over the padded rows.
         self.actions[node] = _masking_call(
             op,
