@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -253,6 +254,7 @@ class CallCtx final : public lower::Ctx {
 // PyTorch's meta kernel gives the outputs' dtypes and sizes (and its errors).
 std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args,
                                      size_t first, size_t n, std::vector<int>& ret_lists) {
+  metrics().meta_calls++;
   torch::jit::Stack ms;
   for (size_t i = 0; i < n; ++i) ms.push_back(to_meta(args[first + i]));
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
@@ -676,16 +678,35 @@ std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_
 }
 
 bool resize_outs(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& args,
-                 size_t first, size_t n) {
-  std::vector<int> lists;
-  std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, lists);
+                 size_t first, size_t n, const std::string& key) {
+  // The call key fixes the meta kernel's sizes, and ops such as arange(out=)
+  // get a fresh empty out on every call: the sizes are remembered per key
+  // rather than asking the meta kernel (some are Python) each time.
+  using Sizes = std::vector<std::optional<std::vector<int64_t>>>;  // per return
+  static std::mutex mu;
+  static auto& memo = *new std::unordered_map<std::string, Sizes>();
+  std::optional<Sizes> sizes;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = memo.find(key); it != memo.end()) sizes = it->second;
+  }
+  if (!sizes) {
+    std::vector<int> lists;
+    std::vector<at::Tensor> metas = meta_outputs(op, args, first, n, lists);
+    sizes.emplace(metas.size());
+    for (size_t r = 0; r < info.ret_alias_arg.size() && r < metas.size(); ++r)
+      if (info.ret_alias_arg[r] >= 0 && lists[r] < 0) (*sizes)[r] = metas[r].sizes().vec();
+    std::lock_guard<std::mutex> lock(mu);
+    if (memo.size() >= 4096) memo.clear();
+    memo.emplace(key, *sizes);
+  }
   bool resized = false;
-  for (size_t r = 0; r < info.ret_alias_arg.size() && r < metas.size(); ++r) {
-    int a = info.ret_alias_arg[r];
-    if (a < 0 || lists[r] >= 0) continue;
-    const at::Tensor& out = args[first + a].toTensor();
-    if (out.sizes() != metas[r].sizes()) {
-      out.resize_(metas[r].sizes());
+  for (size_t r = 0; r < sizes->size(); ++r) {
+    const auto& want = (*sizes)[r];
+    if (!want) continue;
+    const at::Tensor& out = args[first + info.ret_alias_arg[r]].toTensor();
+    if (out.sizes() != c10::IntArrayRef(*want)) {
+      out.resize_(*want);
       resized = true;
     }
   }
@@ -731,7 +752,8 @@ void run_lowered(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
     metrics().cache_hits++;
   } else {
     // out= tensors of the wrong size are resized first (then the key changes).
-    if (info.is_out && resize_outs(op, info, *stack, first, n)) return run_lowered(op, info, stack);
+    if (info.is_out && resize_outs(op, info, *stack, first, n, key))
+      return run_lowered(op, info, stack);
     entry = compile_call(op, info, *stack, first, n, storages);
     std::lock_guard<std::mutex> lock(cache_mu);
     if (cache().size() >= program_table_limit()) cache().clear();

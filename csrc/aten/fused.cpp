@@ -653,7 +653,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     tmpl = it->second;
   } else {
     // out= tensors of the wrong size are resized first (then the key changes).
-    if (info.is_out && resize_outs(op, info, *stack, first, n))
+    if (info.is_out && resize_outs(op, info, *stack, first, n, key))
       return fused_record(op, info, stack);
     tmpl = make_template(op, info, *stack, first, n, storages);
     g.templates.emplace(key, tmpl);

@@ -116,9 +116,10 @@ std::vector<pjrt::BufferPtr> scalar_packs(const std::vector<ScalarSource>& scala
 std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_t first, size_t n);
 // Uploads a host tensor argument (sub >= 0: element of a list).
 pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device);
-// Resizes out= arguments to the meta kernel's sizes; true when any changed.
+// Resizes out= arguments to the meta kernel's sizes (memoized per call key);
+// true when any changed.
 bool resize_outs(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& args,
-                 size_t first, size_t n);
+                 size_t first, size_t n, const std::string& key);
 // The op's returns on the stack: aliased arguments or fresh tensors.
 void push_returns(const OpInfo& info, const std::vector<int>& ret_lists,
                   std::vector<at::Tensor>& fresh, torch::jit::Stack& stack, size_t first);

@@ -76,6 +76,8 @@ struct Metrics {
       fused_outputs{0};
   // torch.compile: ATen graphs handed to the tpu backend.
   std::atomic<int64_t> compiled_graphs{0};
+  // PyTorch meta kernel runs (output metadata of a call signature not seen before).
+  std::atomic<int64_t> meta_calls{0};
 };
 Metrics& metrics();
 

@@ -36,6 +36,7 @@ py::dict metrics_dict() {
   d["donated_bytes"] = m.donated_bytes.load();
   d["fused_outputs"] = m.fused_outputs.load();
   d["compiled_graphs"] = m.compiled_graphs.load();
+  d["meta_calls"] = m.meta_calls.load();
   py::dict cuts;
   for (auto& [reason, count] : fused_cut_report()) cuts[py::str(reason)] = count;
   d["fused_cuts"] = cuts;
@@ -192,10 +193,10 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("reset_metrics", [] {
     auto& x = metrics();
-    for (auto* c :
-         {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs, &x.bytes_to_device,
-          &x.bytes_to_host, &x.executions, &x.compile_ns, &x.fused_ops, &x.fused_graphs,
-          &x.fused_cache_hits, &x.donated_bytes, &x.fused_outputs, &x.compiled_graphs})
+    for (auto* c : {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs,
+                    &x.bytes_to_device, &x.bytes_to_host, &x.executions, &x.compile_ns,
+                    &x.fused_ops, &x.fused_graphs, &x.fused_cache_hits, &x.donated_bytes,
+                    &x.fused_outputs, &x.compiled_graphs, &x.meta_calls})
       *c = 0;
   });
   m.def("memory_limit", [] { return memory_limit(); });

@@ -7,7 +7,9 @@ from . import _C, _decomp
 
 def metrics() -> dict:
     """Counters: ops dispatched, executions, compiles, cache hits, CPU fallbacks and
-    decomposed calls (and which ops), host syncs, bytes moved each way, compile seconds."""
+    decomposed calls (and which ops), host syncs, bytes moved each way, compile seconds,
+    and meta kernel runs (`meta_calls`: call signatures whose output metadata was not
+    known yet)."""
     m = _C.metrics()
     m["decomposed_ops"] = _decomp.counts()
     m["decomposed"] = sum(m["decomposed_ops"].values())

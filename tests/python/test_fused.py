@@ -374,6 +374,21 @@ def test_python_numbers_travel_packed_and_are_read_at_the_call(mode):
     assert _delta(before, "compiles") == 0
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_fresh_out_tensors_do_not_rerun_the_meta_kernel(mode):
+    # torch.arange(n) fills a fresh empty out= tensor each call; its size is known
+    # from the first call with the same arguments (its meta kernel is Python).
+    with torchtpu.eager_mode(mode):
+        torch.arange(7, device="tpu")
+        before = torchtpu.metrics()
+        for _ in range(5):
+            got = torch.arange(7, device="tpu")
+        assert _delta(before, "meta_calls") == 0
+        assert torch.arange(2, 9, 3, device="tpu").tolist() == [2, 5, 8]
+        assert _delta(before, "meta_calls") >= 1
+    assert got.tolist() == list(range(7))
+
+
 # --- errors
 
 
@@ -433,6 +448,8 @@ def test_training_after_warmup_compiles_nothing(name, fused):
         ran_before_item.append(torchtpu.metrics()["fused_graphs"] - graphs)
         loss.item()
     assert _delta(before, "compiles") == 0
+    # Every call's output metadata comes from a call seen before: no meta kernel runs.
+    assert _delta(before, "meta_calls") == 0
     # A step is two programs: the forward that loss.item() needs, then backward
     # and optimizer. From the second step on, the forward runs as soon as it is
     # recorded, before loss.item().
