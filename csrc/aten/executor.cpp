@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -251,13 +252,74 @@ class CallCtx final : public lower::Ctx {
   int64_t rng_numel_ = -1;
 };
 
+// The tensors of an argument (a tensor, or a list holding tensors) mapped by f.
+c10::IValue map_tensors(const c10::IValue& v, at::Tensor (*f)(const at::Tensor&)) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(f(t));
+    return l;
+  }
+  if (v.isList()) {
+    auto src = v.toList();
+    c10::impl::GenericList l(src.elementType());
+    for (const c10::IValue& e : src) l.push_back(map_tensors(e, f));
+    return l;
+  }
+  if (v.isDevice() && v.toDevice().is_privateuseone()) return c10::Device(c10::kCPU);
+  return v;
+}
+
+// A zero-filled CPU tensor with t's metadata (tpu tensors only); zeros keep
+// index arguments in bounds.
+at::Tensor zeros_on_cpu(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_privateuseone()) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU)).zero_();
+}
+
+at::Tensor as_meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+
+bool any_empty_tensor(const torch::jit::Stack& args, size_t first, size_t n) {
+  auto empty = [](const at::Tensor& t) {
+    return t.defined() && t.device().is_privateuseone() && t.numel() == 0;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = args[first + i];
+    if (v.isTensor() && empty(v.toTensor())) return true;
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (empty(t)) return true;
+  }
+  return false;
+}
+
 // PyTorch's meta kernel gives the outputs' dtypes and sizes (and its errors).
 std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args,
                                      size_t first, size_t n, std::vector<int>& ret_lists) {
   metrics().meta_calls++;
   torch::jit::Stack ms;
   for (size_t i = 0; i < n; ++i) ms.push_back(to_meta(args[first + i]));
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+  } catch (const std::exception&) {
+    // Some of PyTorch's Python meta kernels fail on empty inputs where the CPU
+    // kernel does not (max_pool2d_with_indices on a batch of 0 reshapes 0
+    // elements with -1). On empty inputs the CPU kernel computes nothing, so it
+    // gives the metadata instead; if it fails too, the meta kernel's error stands.
+    if (!any_empty_tensor(args, first, n)) throw;
+    std::exception_ptr meta_error = std::current_exception();
+    ms.clear();
+    for (size_t i = 0; i < n; ++i) ms.push_back(map_tensors(args[first + i], zeros_on_cpu));
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &ms);
+    } catch (const std::exception&) {
+      std::rethrow_exception(meta_error);
+    }
+    for (c10::IValue& r : ms) r = map_tensors(r, as_meta);
+  }
   std::vector<at::Tensor> outs;
   for (const c10::IValue& r : ms) {
     if (r.isTensor()) {

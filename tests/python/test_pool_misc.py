@@ -244,6 +244,11 @@ EMPTY_BATCH = {
     "adaptive_avg_pool2d": lambda x: F.adaptive_avg_pool2d(x, 2),
     "adaptive_max_pool2d": lambda x: F.adaptive_max_pool2d(x, 2, return_indices=True),
     "lp_pool2d": lambda x: F.lp_pool2d(x, 2, 2),
+    # PyTorch's Python meta kernel fails here (it reshapes 0 elements with -1).
+    "max_pool2d": lambda x: F.max_pool2d(x, 2, return_indices=True),
+    "max_pool2d_backward": lambda x: torch.autograd.grad(
+        F.max_pool2d(x.requires_grad_(), 2).sum(), x
+    )[0],
     "sum_over_batch": lambda x: x.sum(0),
     "avg_pool2d_backward": lambda x: torch.autograd.grad(
         F.avg_pool2d(x.requires_grad_(), 2).sum(), x
