@@ -409,11 +409,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // index.Tensor's structured kernel runs its meta function on the real
 // arguments first, which turns a boolean mask into indices on the device (one
 // host sync) before index.Tensor_out does it again; taken directly, the mask
-// is expanded once (expand_bool_indices).
+// is expanded once (expand_bool_indices). mode.values' composite kernel
+// accepts only CPU, CUDA and XPU tensors; taken directly it is mode's rule.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
   m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
+  m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&tpu_kernel>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -191,6 +191,15 @@ def test_inplace_and_out_variants(eager):
     out = torch.empty(4, 6, device="tpu")
     torch._C._nn.softshrink(x.to("tpu"), 0.3, out=out)
     assert_tpu_close(out, ref)
+    # mode(out=): PyTorch's composite kernel for it rejects devices other than
+    # CPU, CUDA and XPU.
+    m = torch.tensor([[1.0, 2, 2, 3], [4, 4, 1, 1], [0, 5, 5, 0]])
+    ref = torch.mode(m, 1, keepdim=True)
+    vals, idx = torch.empty(0, device="tpu"), torch.empty(0, dtype=torch.long, device="tpu")
+    got = torch.mode(m.to("tpu"), 1, keepdim=True, out=(vals, idx))
+    assert got.values is vals and got.indices is idx
+    assert_tpu_close(vals, ref.values)
+    assert_tpu_close(idx, ref.indices)
 
 
 _NAN_OPS = {
