@@ -112,6 +112,17 @@ CASES = {
         ),
         lambda: [_f(3, 4)],
     ),
+    # 1-D input, reduction="none": a 0-dim result on the CPU ([1] from PyTorch's meta).
+    "multi_margin_none_1d": (
+        lambda x: F.multi_margin_loss(x, torch.tensor(2, device=x.device), reduction="none"),
+        lambda: [_f(5)],
+    ),
+    "multilabel_margin_none_1d": (
+        lambda x: F.multilabel_margin_loss(
+            x, torch.tensor([2, 4, -1, 0, 1], device=x.device), reduction="none"
+        ),
+        lambda: [_f(5)],
+    ),
     "multilabel_margin": (
         lambda x: F.multilabel_margin_loss(
             x, torch.tensor([[3, 0, -1, 1], [1, 2, 3, -1], [-1, 0, 0, 0]], device=x.device)
