@@ -86,6 +86,9 @@ inline Ex scalar(Builder& b, double c, DType t) { return Ex(b, b.constant(c, t))
 // keeping x's dim order: the result has m's free dim at position d.
 Value contract(Builder& b, Value x, int64_t d, Value m, int64_t md);
 
+// Singular values of a [..., m, n], descending, in a's dtype (linalg_eig.cpp).
+Ex singular_values(const Ex& a);
+
 // Argument i converted to t.
 inline Ex in_as(Ctx& c, int i, DType t) { return Ex(c.b, c.b.convert(c.in(i), t)); }
 // The dtype an op computes in: its output's, widened for half types.

@@ -111,6 +111,19 @@ Ex div_cols(const Ex& x, const Ex& s) {
   return where(pos, x / where(pos, sr, sr.k(1)), x.k(0));
 }
 
+// Singular values (descending) of f64 a [..., m, n] and the eigenvectors of its
+// smaller Gram matrix (A^T A when m >= n, else A A^T), in the same order.
+std::pair<Ex, Ex> svd_gram(const Ex& a) {
+  Builder& b = *a.b;
+  const Shape& s = a.v.shape();
+  int64_t r = a.v.rank();
+  Ex g = s[r - 2] >= s[r - 1] ? mm(swap_last(a), a) : mm(a, swap_last(a));  // [..., k, k]
+  auto [w, v] = eigh_jacobi(g);
+  w = Ex(b, b.reverse(w.v, {r - 2}));
+  v = Ex(b, b.reverse(v.v, {r - 1}));
+  return {maximum(w, w.k(0)).un("sqrt"), v};
+}
+
 TPU_LOWERING(linalg_eig) {
   // (A, UPLO, compute_v) -> (eigenvalues, eigenvectors)
   reg("_linalg_eigh", [](Ctx& c) -> V {
@@ -135,12 +148,7 @@ TPU_LOWERING(linalg_eig) {
     if (uv && c.flag(1) && m != n)
       throw hlo::BuildError("[lower] _linalg_svd: full_matrices=True for a non-square matrix");
     bool tall = m >= n;
-    Ex g = tall ? mm(swap_last(a), a) : mm(a, swap_last(a));  // [..., k, k]
-    auto [w, v] = eigh_jacobi(g);
-    // Descending order.
-    w = Ex(b, b.reverse(w.v, {r - 2}));
-    v = Ex(b, b.reverse(v.v, {r - 1}));
-    Ex sv = maximum(w, w.k(0)).un("sqrt");
+    auto [sv, v] = svd_gram(a);
     V out(3);
     out[1] = b.convert(sv.v, t);
     if (!uv) {
@@ -157,4 +165,10 @@ TPU_LOWERING(linalg_eig) {
 }
 
 }  // namespace
+
+Ex singular_values(const Ex& a) {
+  Builder& b = *a.b;
+  return Ex(b, b.convert(svd_gram(Ex(b, b.convert(a.v, DType::F64))).first.v, a.v.dtype()));
+}
+
 }  // namespace torchtpu::lower

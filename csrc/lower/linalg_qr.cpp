@@ -189,7 +189,8 @@ TPU_LOWERING(linalg_qr) {
       rank = c.b.reduce(above.to(DType::I64).v, c.b.constant_int(0, DType::I64), {last},
                         hlo::Reducer::Add);
     }
-    return {x, r, rank, c.b.splat(0, c.out(3))};
+    Value sv = c.out(3).numel() > 0 ? singular_values(full(a)).v : c.b.splat(0, c.out(3));
+    return {x, r, rank, sv};
   });
   reg("geqrf", [](Ctx& c) -> V {
     auto [a, tau] = geqrf(Ex(c.b, c.b.convert(c.in(0), compute_dtype(c.out(0).dtype))));

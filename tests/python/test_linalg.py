@@ -90,6 +90,15 @@ CASES.update(
             lambda a, b: LA.lstsq(a, b).solution,
             lambda: [_g(torch.randn(2, 3, 5)), _g(torch.randn(2, 3, 4))],
         ),
+        # gelsd/gelss also return A's singular values (and residuals when tall).
+        "lstsq_gelsd_tall": (
+            lambda a, b: LA.lstsq(a, b, driver="gelsd"),
+            lambda: [torch.randn(2, 6, 4), torch.randn(2, 6, 1)],
+        ),
+        "lstsq_gelss_wide": (
+            lambda a, b: LA.lstsq(a, b, driver="gelss"),
+            lambda: [torch.randn(3, 5), torch.randn(3, 2)],
+        ),
         "geqrf": (lambda a: torch.geqrf(a), lambda: [torch.randn(5, 4)]),
         "householder_product": (
             lambda a, t: LA.householder_product(a, t),
