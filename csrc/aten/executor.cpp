@@ -335,14 +335,16 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch:
     }
   }
   // PyTorch's meta kernels shape these losses' unreduced output of a 1-D input
-  // [1]; its CPU kernels (the reference) give a 0-dim tensor.
+  // [1]; its CPU kernels (the reference) give a 0-dim tensor when the target is
+  // 0-dim (multi_margin) or 1-D (multilabel_margin).
   const std::string& name = op.schema().name();
-  if ((name == "aten::multi_margin_loss" || name == "aten::multilabel_margin_loss_forward") &&
-      !outs.empty() && outs[0].dim() == 1 && outs[0].size(0) == 1) {
+  const bool multi = name == "aten::multi_margin_loss";
+  if ((multi || name == "aten::multilabel_margin_loss_forward") && !outs.empty() &&
+      outs[0].dim() == 1 && outs[0].size(0) == 1) {
     auto reduction = op.schema().argumentIndexWithName("reduction");
-    const c10::IValue& self = args[first];
-    if (reduction && args[first + *reduction].toInt() == 0 && self.isTensor() &&
-        self.toTensor().dim() <= 1)
+    const c10::IValue& target = args[first + 1];
+    if (reduction && args[first + *reduction].toInt() == 0 && target.isTensor() &&
+        target.toTensor().dim() <= (multi ? 0 : 1))
       outs[0] = outs[0].reshape({});
   }
   return outs;

@@ -112,9 +112,14 @@ CASES = {
         ),
         lambda: [_f(3, 4)],
     ),
-    # 1-D input, reduction="none": a 0-dim result on the CPU ([1] from PyTorch's meta).
+    # 1-D input, reduction="none": 0-dim on the CPU with a 0-dim target (multi_margin)
+    # or a 1-D one (multilabel_margin); PyTorch's meta kernels give [1].
     "multi_margin_none_1d": (
         lambda x: F.multi_margin_loss(x, torch.tensor(2, device=x.device), reduction="none"),
+        lambda: [_f(5)],
+    ),
+    "multi_margin_none_1d_target_1d": (
+        lambda x: F.multi_margin_loss(x, torch.tensor([2], device=x.device), reduction="none"),
         lambda: [_f(5)],
     ),
     "multilabel_margin_none_1d": (
