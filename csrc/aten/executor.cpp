@@ -302,23 +302,42 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch:
   metrics().meta_calls++;
   torch::jit::Stack ms;
   for (size_t i = 0; i < n; ++i) ms.push_back(to_meta(args[first + i]));
-  try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
-  } catch (const std::exception&) {
-    // Some of PyTorch's Python meta kernels fail on empty inputs where the CPU
-    // kernel does not (max_pool2d_with_indices on a batch of 0 reshapes 0
-    // elements with -1). On empty inputs the CPU kernel computes nothing, so it
-    // gives the metadata instead; if it fails too, the meta kernel's error stands.
-    if (!any_empty_tensor(args, first, n)) throw;
-    std::exception_ptr meta_error = std::current_exception();
-    ms.clear();
-    for (size_t i = 0; i < n; ++i) ms.push_back(map_tensors(args[first + i], zeros_on_cpu));
-    try {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &ms);
-    } catch (const std::exception&) {
-      std::rethrow_exception(meta_error);
+  const OpInfo& info = op_info(op);
+  if (info.functional && !op.hasKernelForDispatchKey(c10::DispatchKey::Meta)) {
+    // An out= overload without a meta kernel (geqrf.a, _logcumsumexp.out):
+    // its functional twin's results give the sizes its out arguments take.
+    torch::jit::Stack fs(ms.begin(), ms.begin() + info.functional->schema().arguments().size());
+    info.functional->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &fs);
+    TORCH_CHECK(fs.size() == info.ret_alias_arg.size(), "[tpu] ", info.name, " returns ",
+                info.ret_alias_arg.size(), " values, its functional twin ", fs.size());
+    torch::jit::Stack outs;
+    for (size_t r = 0; r < fs.size(); ++r) {
+      const int a = info.ret_alias_arg[r];
+      TORCH_CHECK(a >= 0 && fs[r].isTensor(), "[tpu] ", info.name,
+                  ": only out= tensors can take their functional twin's sizes");
+      outs.push_back(
+          at::empty(fs[r].toTensor().sizes(), ms[a].toTensor().options().device(c10::kMeta)));
     }
-    for (c10::IValue& r : ms) r = map_tensors(r, as_meta);
+    ms = std::move(outs);
+  } else {
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+    } catch (const std::exception&) {
+      // Some of PyTorch's Python meta kernels fail on empty inputs where the CPU
+      // kernel does not (max_pool2d_with_indices on a batch of 0 reshapes 0
+      // elements with -1). On empty inputs the CPU kernel computes nothing, so it
+      // gives the metadata instead; if it fails too, the meta kernel's error stands.
+      if (!any_empty_tensor(args, first, n)) throw;
+      std::exception_ptr meta_error = std::current_exception();
+      ms.clear();
+      for (size_t i = 0; i < n; ++i) ms.push_back(map_tensors(args[first + i], zeros_on_cpu));
+      try {
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &ms);
+      } catch (const std::exception&) {
+        std::rethrow_exception(meta_error);
+      }
+      for (c10::IValue& r : ms) r = map_tensors(r, as_meta);
+    }
   }
   std::vector<at::Tensor> outs;
   for (const c10::IValue& r : ms) {

@@ -5,6 +5,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <optional>
+
 #include "aten/runtime.h"
 #include "lower/registry.h"
 #include "lower/view.h"
@@ -25,6 +27,8 @@ struct OpInfo {
   // twin's k-th result is written into element k of this Tensor(a!)[] argument.
   int list_write_arg = -1;
   const ForeachOp* foreach = nullptr;  // set for `_foreach_*` ops lowered per element
+  // An out= op's functional overload (same non-out arguments), when it has a rule.
+  std::optional<c10::OperatorHandle> functional;
 };
 const OpInfo& op_info(const c10::OperatorHandle& op);
 // Whether the op "aten::name.overload" exists and has a rule (its own or its twin's).

@@ -197,9 +197,9 @@ bool is_scalar_type(const c10::TypePtr& t) {
   return false;
 }
 
-// The rule of the functional overload whose arguments are this out= op's
-// non-out ones (out arguments are kwarg-only and last, so positions agree).
-const lower::Rule* functional_rule(const c10::FunctionSchema& s) {
+// The functional overload whose arguments are this out= op's non-out ones
+// (out arguments are kwarg-only and last, so positions agree), if it has a rule.
+std::optional<c10::OperatorHandle> functional_twin(const c10::FunctionSchema& s) {
   std::vector<std::string> want;
   for (const auto& a : s.arguments())
     if (!a.is_out()) want.push_back(a.type()->str());
@@ -212,9 +212,9 @@ const lower::Rule* functional_rule(const c10::FunctionSchema& s) {
     if (!h) continue;
     std::vector<std::string> got;
     for (const auto& a : h->schema().arguments()) got.push_back(a.type()->str());
-    if (got == want) return lower::find_rule(cand);
+    if (got == want) return h;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 std::unique_ptr<OpInfo> make_info(const c10::FunctionSchema& s) {
@@ -242,7 +242,9 @@ std::unique_ptr<OpInfo> make_info(const c10::FunctionSchema& s) {
     if (!s.overload_name().empty()) f += "." + s.overload_name();
     info->rule = lower::find_rule(f);
   }
-  if (!info->rule && info->is_out) info->rule = functional_rule(s);
+  if (info->is_out) info->functional = functional_twin(s);
+  if (!info->rule && info->functional)
+    info->rule = lower::find_rule(op_name(info->functional->schema()));
   if (!info->rule && base.rfind("_foreach_", 0) == 0) {
     info->foreach = foreach_op(s, info->scalar_arg);
     if (info->foreach) info->rule = foreach_rule(*info->foreach);

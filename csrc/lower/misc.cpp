@@ -509,6 +509,8 @@ TPU_LOWERING(misc_ops) {
         } else if (x.v.shape()[0] > 0) {
           lo = Ex(b, b.reduce(x.v, b.constant(INFINITY, t), {0}, Reducer::Min));
           hi = Ex(b, b.reduce(x.v, b.constant(-INFINITY, t), {0}, Reducer::Max));
+        } else {
+          hi = Ex(b, b.constant(1, t));  // an empty input's bins span [0, 1]
         }
         Ex same = lo.cmp(Cmp::EQ, hi);
         lo = where(same, lo - 0.5, lo);

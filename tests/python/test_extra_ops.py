@@ -202,6 +202,25 @@ def test_inplace_and_out_variants(eager):
     assert_tpu_close(idx, ref.indices)
 
 
+def test_out_overloads_without_meta_kernels(eager):
+    # geqrf.a, _logcumsumexp.out and histogram.bin_ct_out have no meta kernel: their
+    # out tensors take the sizes of their functional overloads' results.
+    a, x = torch.randn(5, 4), torch.randn(5, 6)
+    outs = (torch.empty(0, device="tpu"), torch.empty(0, device="tpu"))
+    got = torch.geqrf(a.to("tpu"), out=outs)
+    assert got[0] is outs[0] and got[1] is outs[1]
+    for g, r in zip(outs, torch.geqrf(a)):
+        assert_tpu_close(g, r)
+    out = torch.full((5, 6), 7.0, device="tpu")
+    torch.logcumsumexp(x.to("tpu"), 0, out=out)
+    assert_tpu_close(out, torch.logcumsumexp(x, 0))
+    for inp in (x, torch.empty(5, 0)):  # an empty input's bins span [0, 1]
+        outs = (torch.empty(0, device="tpu"), torch.empty(0, device="tpu"))
+        torch.histogram(inp.to("tpu"), 3, out=outs)
+        for g, r in zip(outs, torch.histogram(inp, 3)):
+            assert_tpu_close(g, r)
+
+
 _NAN_OPS = {
     "maximum": torch.maximum,
     "minimum": torch.minimum,
