@@ -252,8 +252,10 @@ class CallCtx final : public lower::Ctx {
   int64_t rng_numel_ = -1;
 };
 
-// The tensors of an argument (a tensor, or a list holding tensors) mapped by f.
-c10::IValue map_tensors(const c10::IValue& v, at::Tensor (*f)(const at::Tensor&)) {
+// The tensors of an argument (a tensor, or a list holding tensors) mapped by f;
+// a tpu device argument becomes `device` and a generator none.
+c10::IValue map_tensors(const c10::IValue& v, at::Tensor (*f)(const at::Tensor&),
+                        c10::DeviceType device) {
   if (v.isTensor()) return f(v.toTensor());
   if (v.isTensorList()) {
     c10::List<at::Tensor> l;
@@ -263,11 +265,20 @@ c10::IValue map_tensors(const c10::IValue& v, at::Tensor (*f)(const at::Tensor&)
   if (v.isList()) {
     auto src = v.toList();
     c10::impl::GenericList l(src.elementType());
-    for (const c10::IValue& e : src) l.push_back(map_tensors(e, f));
+    for (const c10::IValue& e : src) l.push_back(map_tensors(e, f, device));
     return l;
   }
-  if (v.isDevice() && v.toDevice().is_privateuseone()) return c10::Device(c10::kCPU);
+  if (v.isGenerator()) return c10::IValue();
+  if (v.isDevice() && v.toDevice().is_privateuseone()) return c10::Device(device);
   return v;
+}
+
+// CPU tensors stay on the CPU (so device mismatches raise as in eager), except
+// 0-dim scalars, which mix with any device.
+at::Tensor meta_of(const at::Tensor& t) {
+  if (!t.defined() || (!t.device().is_privateuseone() && t.dim() > 0)) return t;
+  return at::empty_strided(t.sizes(), t.strides(),
+                           c10::TensorOptions().dtype(t.scalar_type()).device(c10::kMeta));
 }
 
 // A zero-filled CPU tensor with t's metadata (tpu tensors only); zeros keep
@@ -330,13 +341,14 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch:
       if (!any_empty_tensor(args, first, n)) throw;
       std::exception_ptr meta_error = std::current_exception();
       ms.clear();
-      for (size_t i = 0; i < n; ++i) ms.push_back(map_tensors(args[first + i], zeros_on_cpu));
+      for (size_t i = 0; i < n; ++i)
+        ms.push_back(map_tensors(args[first + i], zeros_on_cpu, c10::kCPU));
       try {
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &ms);
       } catch (const std::exception&) {
         std::rethrow_exception(meta_error);
       }
-      for (c10::IValue& r : ms) r = map_tensors(r, as_meta);
+      for (c10::IValue& r : ms) r = map_tensors(r, as_meta, c10::kMeta);
     }
   }
   std::vector<at::Tensor> outs;
@@ -517,30 +529,7 @@ void debug_checks(const std::string& what, const std::vector<pjrt::BufferPtr>& o
 
 }  // namespace
 
-c10::IValue to_meta(const c10::IValue& v) {
-  auto meta = [](const at::Tensor& t) -> at::Tensor {
-    // CPU tensors stay on the CPU (so device mismatches raise as in eager),
-    // except 0-dim scalars, which mix with any device.
-    if (!t.defined() || (!t.device().is_privateuseone() && t.dim() > 0)) return t;
-    return at::empty_strided(t.sizes(), t.strides(),
-                             c10::TensorOptions().dtype(t.scalar_type()).device(c10::kMeta));
-  };
-  if (v.isTensor()) return meta(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> l;
-    for (const at::Tensor& t : v.toTensorList()) l.push_back(meta(t));
-    return l;
-  }
-  if (v.isList()) {
-    auto src = v.toList();
-    c10::impl::GenericList l(src.elementType());
-    for (const c10::IValue& e : src) l.push_back(to_meta(e));
-    return l;
-  }
-  if (v.isGenerator()) return c10::IValue();
-  if (v.isDevice() && v.toDevice().is_privateuseone()) return c10::Device(c10::kMeta);
-  return v;
-}
+c10::IValue to_meta(const c10::IValue& v) { return map_tensors(v, meta_of, c10::kMeta); }
 
 size_t program_table_limit() {
   static const size_t n = static_cast<size_t>(cache::process_config().memory_entries);
