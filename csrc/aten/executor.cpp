@@ -307,6 +307,38 @@ bool any_empty_tensor(const torch::jit::Stack& args, size_t first, size_t n) {
   return false;
 }
 
+// Where PyTorch's meta kernels disagree with its CPU kernels (the reference),
+// the output metadata follows the CPU.
+void follow_cpu_shapes(const c10::OperatorHandle& op, const torch::jit::Stack& args, size_t first,
+                       std::vector<at::Tensor>& outs) {
+  const c10::FunctionSchema& s = op.schema();
+  auto arg = [&](const char* name) -> const c10::IValue* {
+    auto i = s.argumentIndexWithName(name);
+    return i ? &args[first + *i] : nullptr;
+  };
+  const std::string& name = s.name();
+  // Margin losses of a 1-D input, unreduced: 0-dim, not [1], when the target
+  // is 0-dim (multi_margin) or 1-D (multilabel_margin).
+  const bool multi = name == "aten::multi_margin_loss";
+  if ((multi || name == "aten::multilabel_margin_loss_forward") && !outs.empty() &&
+      outs[0].dim() == 1 && outs[0].size(0) == 1) {
+    const c10::IValue* reduction = arg("reduction");
+    const c10::IValue& target = args[first + 1];
+    if (reduction && reduction->toInt() == 0 && target.isTensor() &&
+        target.toTensor().dim() <= (multi ? 0 : 1))
+      outs[0] = outs[0].reshape({});
+  }
+  // Batch norm in eval mode saves no statistics: save_mean and save_invstd
+  // are empty, not [C].
+  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
+       name == "aten::_native_batch_norm_legit_no_training") &&
+      outs.size() >= 3) {
+    const c10::IValue* training = arg("training");
+    if (!training || !training->toBool())
+      for (int k : {1, 2}) outs[k] = at::empty({0}, outs[k].options());
+  }
+}
+
 // PyTorch's meta kernel gives the outputs' dtypes and sizes (and its errors).
 std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& args,
                                      size_t first, size_t n, std::vector<int>& ret_lists) {
@@ -365,19 +397,7 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const torch:
                   "; only tensor results can be lowered");
     }
   }
-  // PyTorch's meta kernels shape these losses' unreduced output of a 1-D input
-  // [1]; its CPU kernels (the reference) give a 0-dim tensor when the target is
-  // 0-dim (multi_margin) or 1-D (multilabel_margin).
-  const std::string& name = op.schema().name();
-  const bool multi = name == "aten::multi_margin_loss";
-  if ((multi || name == "aten::multilabel_margin_loss_forward") && !outs.empty() &&
-      outs[0].dim() == 1 && outs[0].size(0) == 1) {
-    auto reduction = op.schema().argumentIndexWithName("reduction");
-    const c10::IValue& target = args[first + 1];
-    if (reduction && args[first + *reduction].toInt() == 0 && target.isTensor() &&
-        target.toTensor().dim() <= (multi ? 0 : 1))
-      outs[0] = outs[0].reshape({});
-  }
+  follow_cpu_shapes(op, args, first, outs);
   return outs;
 }
 

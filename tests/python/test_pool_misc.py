@@ -246,6 +246,23 @@ def test_batch_norm_updates_running_stats(eager):
     assert_tpu_close(rv_d, rv)
 
 
+@pytest.mark.parametrize(
+    "op",
+    ["native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training"],
+)
+def test_batch_norm_eval_saves_no_statistics(op, eager):
+    # The CPU returns empty save_mean / save_invstd in eval mode (PyTorch's meta: [C]).
+    x, rm, rv = torch.randn(4, 2, 3), torch.randn(2), torch.rand(2) + 0.5
+    f = getattr(torch.ops.aten, op)
+    train = () if op.endswith("no_training") else (False,)
+
+    def run(d):
+        return f(x.to(d), None, None, rm.to(d), rv.to(d), *train, 0.1, 1e-5)
+
+    for got, want in zip(run("tpu"), run("cpu")):
+        assert_tpu_close(got, want)
+
+
 def test_rrelu_training_slopes_in_range(eager):
     x = torch.randn(200).to("tpu")
     y = F.rrelu(x, 0.1, 0.3, training=True).cpu()
