@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt
 	  else echo "need ninja-build ccache libgtest-dev cmake (apt-get install)"; fi; fi
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 pybind11 numpy pytest ninja ruff expecttest
+	$(VPY) -m pip install -q torch==2.13.0 xla-cpu-pjrt==0.0.1 pybind11 numpy pytest ninja ruff expecttest clang-format==17.0.6
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 
@@ -51,11 +51,11 @@ device-tests: build
 
 lint:
 	$(VENV)/bin/ruff check python tests bench examples
-	clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+	$(VENV)/bin/clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
 
 format:
 	$(VENV)/bin/ruff format python tests bench examples
-	clang-format -i csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+	$(VENV)/bin/clang-format -i csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
 
 clean:
 	rm -rf build python/torchtpu/_C*.so

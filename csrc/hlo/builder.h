@@ -136,6 +136,9 @@ class Builder {
   Value index_select(Value x, Value idx, int64_t dim);  // idx rank 1
   // scatter of `updates` (same rank as idx) into x along dim (torch.scatter / scatter_add).
   Value scatter_along(Value x, Value idx, Value updates, int64_t dim, bool add);
+  // Inverse of index_select: whole slices of `updates` (x's shape with idx.numel() at dim)
+  // go to the positions idx (rank 1) along dim. One index per slice, not per element.
+  Value scatter_slices(Value x, Value idx, Value updates, int64_t dim, bool add);
   // Point gather/scatter on a flat rank-1 x with integer positions of any shape.
   Value gather_flat(Value x, Value positions);
   Value scatter_flat(Value x, Value positions, Value updates, bool add);
@@ -184,7 +187,8 @@ class Builder {
                const std::vector<int64_t>& dims, int64_t index_vector_dim, const Shape& slice_sizes,
                const Type& out);
   Value scatter(const char* who, Value x, Value idx, Value updates,
-                const std::vector<int64_t>& dims, int64_t index_vector_dim, bool add);
+                const std::vector<int64_t>& dims, int64_t index_vector_dim, bool add,
+                const std::vector<int64_t>& window_dims = {});
   static std::string arr(const std::vector<int64_t>& v);   // array<i64: 1, 0>
   static std::string list(const std::vector<int64_t>& v);  // [1, 0]
   [[noreturn]] static void fail(const char* op, const std::string& what);

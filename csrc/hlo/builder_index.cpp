@@ -168,14 +168,16 @@ Value Builder::gather(Value x, Value idx, const std::vector<int64_t>& offset_dim
 }
 
 Value Builder::scatter(const char* who, Value x, Value idx, Value updates,
-                       const std::vector<int64_t>& dims, int64_t index_vector_dim, bool add) {
+                       const std::vector<int64_t>& dims, int64_t index_vector_dim, bool add,
+                       const std::vector<int64_t>& window_dims) {
   if (updates.dtype() != x.dtype())
     fail(who, "updates " + updates.type.str() + " for " + x.type.str());
-  std::string attrs =
-      "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = " + list(dims) +
-      ", scatter_dims_to_operand_dims = " + list(dims) +
-      ", index_vector_dim = " + std::to_string(index_vector_dim) +
-      ">, indices_are_sorted = false, unique_indices = false";
+  std::string attrs = "scatter_dimension_numbers = #stablehlo.scatter<";
+  if (!window_dims.empty()) attrs += "update_window_dims = " + list(window_dims) + ", ";
+  attrs += "inserted_window_dims = " + list(dims) +
+           ", scatter_dims_to_operand_dims = " + list(dims) +
+           ", index_vector_dim = " + std::to_string(index_vector_dim) +
+           ">, indices_are_sorted = false, unique_indices = false";
   Type s{x.dtype(), {}};
   std::string body =
       add ? reducer_region(Reducer::Add, x.dtype())
@@ -227,6 +229,18 @@ Value Builder::scatter_along(Value x, Value idx, Value updates, int64_t dim, boo
   // torch only reads the idx-shaped corner of a larger `updates`.
   if (updates.shape() != idx.shape()) updates = slice(updates, Shape(r, 0), idx.shape(), {});
   return scatter("scatter_along", x, coords(idx, dim, r), updates, range(r), r, add);
+}
+
+Value Builder::scatter_slices(Value x, Value idx, Value updates, int64_t dim, bool add) {
+  int64_t r = x.rank();
+  Shape want = x.shape();
+  if (dim >= 0 && dim < r) want[dim] = idx.type.numel();
+  if (!is_int(idx.dtype()) || idx.rank() != 1 || dim < 0 || dim >= r || updates.shape() != want)
+    fail("scatter_slices", "index " + idx.type.str() + " updates " + updates.type.str() + " dim " +
+                               std::to_string(dim) + " for " + x.type.str());
+  std::vector<int64_t> window = range(r);
+  window.erase(window.begin() + dim);
+  return scatter("scatter_slices", x, convert(idx, DType::I64), updates, {dim}, 1, add, window);
 }
 
 Value Builder::gather_flat(Value x, Value positions) {

@@ -345,7 +345,7 @@ TPU_LOWERING(extra_embedding_bag) {
     }
     Ex rows(b, b.index_select(ge, p.bag, 0));  // grad of each index's bag, [N, D]
     Ex contrib = rows * Ex(b, broadcast_to(b, index_scale(c, p, t, mode, 10), {p.n, d}));
-    return {b.scatter_along(zeros, b.broadcast_in_dim(p.idx, {p.n, d}, {0}), contrib, 0, true)};
+    return {b.scatter_slices(zeros, p.idx, contrib.v, 0, true)};
   });
   // (grad, weight, indices, offsets, offset2bag, mode, padding_idx): the
   // gradient of each sample weight is its row dotted with its bag's grad.

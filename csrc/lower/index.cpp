@@ -102,8 +102,7 @@ Value index_put(Builder& b, Value x, const std::vector<Value>& idx, Value vals, 
   vals = b.transpose(broadcast_to(b, b.convert(vals, x.dtype()), torch_shape), inv);
   vals = b.reshape(vals, {n, rn});
   Value rows = b.reshape(flat_rows(b, x, p), {p.rows, rn});
-  Value pos = broadcast_to(b, b.reshape(p.pos, {n, 1}), {n, rn});
-  Value out = b.scatter_along(rows, pos, vals, 0, acc);
+  Value out = b.scatter_slices(rows, b.reshape(p.pos, {n}), vals, 0, acc);
   Shape ts;
   for (int64_t d : p.perm) ts.push_back(x.shape()[d]);
   std::vector<int64_t> back(p.perm.size());
@@ -165,11 +164,6 @@ Value insertion_points(Builder& b, Value seq, Value vals, bool right) {
   return b.reduce(cnt, b.constant(0, DType::I64), {cnt.rank() - 1}, hlo::Reducer::Add);
 }
 
-// Index vector along `dim` broadcast to `shape` (for index_add / index_copy).
-Value along(Builder& b, Value idx, const Shape& shape, int64_t dim) {
-  return b.broadcast_in_dim(b.reshape(idx, {shape[dim]}), shape, {dim});
-}
-
 TPU_LOWERING(index_ops) {
   // (self, dim, index)
   reg("index_select", [](Ctx& c) -> V {
@@ -208,8 +202,8 @@ TPU_LOWERING(index_ops) {
       int64_t dim = wrap_dim(c.i64(1), x.rank());
       Value src = at_least_1d(b, b.convert(c.in(3), x.dtype()));
       if (add) src = Ex(b, src) * Ex(b, c.scalar(4, x.dtype()));
-      Value idx = along(b, wrap_index(b, c.in(2), x.shape()[dim]), src.shape(), dim);
-      return {b.scatter_along(x, idx, src, dim, add)};
+      Value idx = wrap_index(b, c.in(2), x.shape()[dim]);
+      return {b.scatter_slices(x, b.reshape(idx, {idx.type.numel()}), src, dim, add)};
     });
   }
   // (self, dim, index, value): rows of `dim` named by index are set to value.

@@ -422,8 +422,7 @@ TPU_LOWERING(nn_embedding) {
       Ex per(b, b.reshape(b.index_select(cnt, idx, 0), {m, 1}));
       gi = gi / per;
     }
-    Value idx2 = broadcast_to(b, b.reshape(idx, {m, 1}), {m, d});
-    return {b.scatter_along(b.splat(0, Type{t, {nw, d}}), idx2, gi.v, 0, true)};
+    return {b.scatter_slices(b.splat(0, Type{t, {nw, d}}), idx, gi.v, 0, true)};
   });
 }
 

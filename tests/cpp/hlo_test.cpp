@@ -426,6 +426,26 @@ TEST(HloRun, GatherAndScatterAlong) {
   expect_vec<float>(out[6], {2, 3}, {40, 20, 0, 10, 50, 0});
 }
 
+TEST(HloRun, ScatterSlices) {
+  Host x = f32({2, 3}, {0, 1, 2, 3, 4, 5});
+  Host rows = i64({3}, {1, 0, 1});
+  Host cols = Host::of<int32_t>(DType::I32, {2}, {2, 0});
+  Host u3 = f32({3, 3}, {10, 20, 30, 40, 50, 60, 70, 80, 90});
+  Host u2 = f32({2, 2}, {1, 2, 3, 4});
+  auto out = run_fn({x, rows, cols, u3, u2}, [](Builder& b, std::vector<Value> p) {
+    return std::vector<Value>{b.scatter_slices(p[0], p[1], p[3], 0, /*add=*/true),
+                              b.scatter_slices(p[0], p[2], p[4], 1, /*add=*/false)};
+  });
+  expect_vec<float>(out[0], {2, 3}, {40, 51, 62, 83, 104, 125});  // rows 0 and 2 add to row 1
+  expect_vec<float>(out[1], {2, 3}, {2, 1, 1, 4, 4, 3});
+  Builder b;
+  Value x2 = b.param(Type{DType::F32, {2, 3}}), i2 = b.param(Type{DType::I64, {2}});
+  std::string err = build_error([&] {
+    b.scatter_slices(x2, i2, b.splat(0, Type{DType::F32, {2, 2}}), 0, true);
+  });
+  EXPECT_NE(err.find("scatter_slices"), std::string::npos) << err;
+}
+
 TEST(HloRun, FlatGatherScatter) {
   Host x = f32({5}, {10, 11, 12, 13, 14});
   Host pos = i64({2, 2}, {4, 0, 4, 2});
