@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -457,3 +458,33 @@ def test_training_after_warmup_compiles_nothing(name, fused):
     assert _delta(before, "fused_cache_hits") == 2 * 20
     assert _cut_delta(cuts, "read_ahead") == 20
     assert ran_before_item[1:] == [1] * 21
+
+
+# --- program shape
+
+
+@pytest.mark.parametrize("op", ["embedding", "index_put", "index_add"])
+def test_row_scatters_use_one_index_per_row(fused, op, tmp_path, monkeypatch):
+    """Gradients of embeddings and row writes scatter whole rows: an index per row, the row
+    a window. An index per element made XLA:CPU loop over every scalar."""
+    monkeypatch.setenv("TORCHTPU_DUMP_FUSED", str(tmp_path))
+    idx = torch.tensor([[3, 5, 3], [0, 36, 5]])
+    src = torch.randn(2, 3, 11)
+
+    def run(dev):
+        w = torch.zeros(37, 11, device=dev)
+        i, s = idx.to(dev), src.to(dev)
+        if op == "embedding":
+            w.requires_grad_(True)
+            (F.embedding(i, w) * s).sum().backward()
+            return w.grad
+        if op == "index_put":
+            return w.index_put_((i,), s, accumulate=True)
+        return w.index_add_(0, i.flatten(), s.reshape(6, 11))
+
+    assert_tpu_close(run("tpu"), run("cpu"))
+    text = "".join(p.read_text() for p in tmp_path.glob("*.mlir"))
+    scatters = re.findall(r"#stablehlo\.scatter<[^>]*>", text)
+    assert scatters, text
+    for dims in scatters:
+        assert "update_window_dims = [1]" in dims, dims
