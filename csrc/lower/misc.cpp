@@ -351,7 +351,14 @@ TPU_LOWERING(misc_ops) {
   // (x1, x2, p, compute_mode)
   reg("_cdist_forward", [](Ctx& c) -> V {
     DType t = math_dtype(c);
-    return {pairwise_dist(in_as(c, 0, t), in_as(c, 1, t), c.f64(2))};
+    Ex x1 = in_as(c, 0, t), x2 = in_as(c, 1, t);
+    // Batch dims broadcast (and may differ in rank): [batch..., P, M] and [batch..., R, M].
+    Shape s1 = c.out(0).shape, s2 = s1;
+    s1.back() = s2.back() = x1.v.shape().back();
+    s2[s2.size() - 2] = x2.v.shape()[x2.v.rank() - 2];
+    x1 = Ex(c.b, broadcast_to(c.b, x1, s1));
+    x2 = Ex(c.b, broadcast_to(c.b, x2, s2));
+    return {pairwise_dist(x1, x2, c.f64(2))};
   });
   // (grad, x1, x2, p, cdist) -> grad_x1
   reg("_cdist_backward", [](Ctx& c) -> V {

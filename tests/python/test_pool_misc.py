@@ -93,6 +93,15 @@ CASES = {
     "cdist_p1": (lambda a, b: torch.cdist(a, b, p=1), lambda: [_f(4, 3), _f(5, 3)]),
     "cdist_pinf": (lambda a, b: torch.cdist(a, b, p=float("inf")), lambda: [_f(4, 3), _f(5, 3)]),
     "cdist_p_half": (lambda a, b: torch.cdist(a, b, p=0.5), lambda: [_f(3, 2), _f(4, 2)]),
+    # batch dims of different ranks broadcast: [1] with [2, 3] gives [2, 3]
+    "cdist_p1_batch_broadcast": (
+        lambda a, b: torch.cdist(a, b, p=1),
+        lambda: [_f(1, 4, 3), _f(2, 3, 5, 3)],
+    ),
+    "cdist_p2_batch_broadcast": (
+        lambda a, b: torch.cdist(a, b),
+        lambda: [_f(3, 1, 4, 2), _f(2, 5, 2)],
+    ),
     "pdist": (lambda x: F.pdist(x), lambda: [_f(5, 3)]),
     "pdist_p3": (lambda x: F.pdist(x, p=3), lambda: [_f(4, 2)]),
     "isin": (
