@@ -2,10 +2,13 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -44,6 +47,7 @@ struct ClientState {
   std::once_flag once;
   pjrt::ClientPtr client;
   std::string error;
+  std::atomic<bool> started{false};
 };
 
 // Leaked on purpose: tensors may die after static destructors run at exit,
@@ -111,6 +115,7 @@ pjrt::ClientPtr client_ptr() {
   std::call_once(s.once, [&] {
     try {
       s.client = make_client();
+      s.started = true;
     } catch (const std::exception& e) {
       s.error = e.what();
     }
@@ -120,6 +125,17 @@ pjrt::ClientPtr client_ptr() {
 }
 
 pjrt::Client& client() { return *client_ptr(); }
+
+bool runtime_started() noexcept { return state().started; }
+
+void drain_autograd_device_thread() {
+  if (!runtime_started()) return;
+  // Tensors made here have no Python objects, and nothing is computed: the
+  // finished task holds nothing whose release needs the GIL.
+  auto opts = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, 0));
+  at::Tensor x = at::empty({}, opts).requires_grad_(true);
+  torch::autograd::backward({x.view({1})}, {at::empty({1}, opts)});
+}
 
 int device_count() noexcept {
   try {

@@ -126,6 +126,15 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_init", [] { client(); }, "Starts the PJRT client; raises if no plugin can load.");
   m.def("device_count", [] { return device_count(); });
+  m.def("_runtime_started", [] { return runtime_started(); });
+  m.def("_drain_autograd", [] {
+    py::gil_scoped_release no_gil;  // the engine refuses callers holding the GIL
+    try {
+      drain_autograd_device_thread();
+    } catch (const std::exception&) {
+      // Exit-time cleanup only: a runtime that fails here exits as it would have.
+    }
+  });
   m.def("current_device", [] { return current_device(); });
   m.def("set_device", [](int i) { set_current_device(i); });
   m.def("synchronize", [] {
