@@ -1,11 +1,11 @@
 #include "aten/runtime.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
-#include <torch/csrc/autograd/autograd.h>
 #include <dlfcn.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <unistd.h>
 
 #include <atomic>
