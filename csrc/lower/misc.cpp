@@ -66,6 +66,14 @@ Ex pairwise_dist(const Ex& x1, const Ex& x2, double p) {
   Ex sp = sum_m(a.bin("power", a.k(p)));
   return sp.bin("power", sp.k(1.0 / p));
 }
+// cdist's x [..., N, M] with its batch dims broadcast to the output's (the output is
+// [batch..., P, R] or grad_x1 [batch..., P, M]); the two inputs' batch ranks may differ.
+Ex batch_broadcast(Ctx& c, const Ex& x) {
+  Shape s = c.out(0).shape;
+  s[s.size() - 2] = x.v.shape()[x.v.rank() - 2];
+  s.back() = x.v.shape().back();
+  return Ex(c.b, broadcast_to(c.b, x.v, s));
+}
 // d dist(x1_i, x2_j) / d x1_i summed against grad [..., P, R]: [..., P, M].
 Ex pairwise_dist_grad(const Ex& g, const Ex& x1, const Ex& x2, const Ex& dist, double p) {
   Builder& b = *x1.b;
@@ -351,24 +359,13 @@ TPU_LOWERING(misc_ops) {
   // (x1, x2, p, compute_mode)
   reg("_cdist_forward", [](Ctx& c) -> V {
     DType t = math_dtype(c);
-    Ex x1 = in_as(c, 0, t), x2 = in_as(c, 1, t);
-    // Batch dims broadcast (and may differ in rank): [batch..., P, M] and [batch..., R, M].
-    Shape s1 = c.out(0).shape, s2 = s1;
-    s1.back() = s2.back() = x1.v.shape().back();
-    s2[s2.size() - 2] = x2.v.shape()[x2.v.rank() - 2];
-    x1 = Ex(c.b, broadcast_to(c.b, x1, s1));
-    x2 = Ex(c.b, broadcast_to(c.b, x2, s2));
+    Ex x1 = batch_broadcast(c, in_as(c, 0, t)), x2 = batch_broadcast(c, in_as(c, 1, t));
     return {pairwise_dist(x1, x2, c.f64(2))};
   });
   // (grad, x1, x2, p, cdist) -> grad_x1
   reg("_cdist_backward", [](Ctx& c) -> V {
     DType t = math_dtype(c);
-    Ex x1 = in_as(c, 1, t), x2 = in_as(c, 2, t);
-    Shape bs = c.out(0).shape;
-    bs.back() = x2.v.shape().back();
-    bs[bs.size() - 2] = x2.v.shape()[x2.v.rank() - 2];
-    x2 = Ex(c.b, broadcast_to(c.b, x2, bs));
-    x1 = Ex(c.b, broadcast_to(c.b, x1, c.out(0).shape));
+    Ex x1 = batch_broadcast(c, in_as(c, 1, t)), x2 = batch_broadcast(c, in_as(c, 2, t));
     return {pairwise_dist_grad(in_as(c, 0, t), x1, x2, in_as(c, 4, t), c.f64(3))};
   });
   // (self [N, M], p): distances of the pairs i < j in row-major order.
