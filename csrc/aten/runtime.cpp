@@ -132,9 +132,12 @@ void drain_autograd_device_thread() {
   if (!runtime_started()) return;
   // Tensors made here have no Python objects, and nothing is computed: the
   // finished task holds nothing whose release needs the GIL.
-  auto opts = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, 0));
-  at::Tensor x = at::empty({}, opts).requires_grad_(true);
-  torch::autograd::backward({x.view({1})}, {at::empty({1}, opts)});
+  // PyTorch runs one device thread per device index.
+  for (int i = 0; i < device_count(); ++i) {
+    auto opts = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, i));
+    at::Tensor x = at::empty({}, opts).requires_grad_(true);
+    torch::autograd::backward({x.view({1})}, {at::empty({1}, opts)});
+  }
 }
 
 int device_count() noexcept {

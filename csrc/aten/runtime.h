@@ -19,8 +19,8 @@ namespace torchtpu::aten {
 pjrt::Client& client();
 pjrt::ClientPtr client_ptr();
 bool runtime_started() noexcept;  // whether client() has succeeded; starts nothing
-// Runs an empty backward on the tpu autograd device thread and waits for it, so the
-// thread has released every earlier task (call without the GIL; see _shutdown.py).
+// Runs an empty backward on each tpu autograd device thread and waits for it, so the
+// threads have released every earlier task (call without the GIL; see _shutdown.py).
 void drain_autograd_device_thread();
 // Number of devices; 0 when the plugin cannot load (never throws).
 int device_count() noexcept;
