@@ -1,14 +1,13 @@
-// Copies between host and device and between device views, and storage
-// resizing: small internal programs with their own cache.
+#include "aten/copy.h"
+
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <functional>
-#include <mutex>
-#include <unordered_map>
 
-#include "aten/executor.h"
 #include "aten/fused.h"
+#include "aten/launch.h"
+#include "aten/program.h"
 #include "lower/types.h"
 #include "lower/view.h"
 
@@ -22,37 +21,23 @@ using lower::to_dtype;
 
 namespace {
 
+// Runs the internal program `key` (a "C"-prefixed key in the launcher's
+// table), built by `build` on a miss.
 std::vector<pjrt::BufferPtr> run_internal(const std::string& key,
                                           const std::function<void(Builder&)>& build,
                                           const std::vector<pjrt::BufferPtr>& inputs, int device) {
-  static std::mutex mu;
-  static auto& programs = *new std::unordered_map<std::string, pjrt::ExecutablePtr>();
-  pjrt::ExecutablePtr exe;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = programs.find(key);
-    if (it != programs.end()) exe = it->second;
-  }
-  if (!exe) {
+  std::shared_ptr<const Launchable> entry = find_program(key);
+  if (!entry) {
     Builder b;
     build(b);
-    exe = compile_cached(b.module());
-    std::lock_guard<std::mutex> lock(mu);
-    if (programs.size() >= program_table_limit()) programs.clear();
-    programs.emplace(key, exe);
+    auto made = std::make_shared<Launchable>();
+    made->exe = compile_cached(b.module());
+    add_program(key, made);
+    entry = std::move(made);
   } else {
     metrics().cache_hits++;
   }
-  std::vector<pjrt::Buffer*> raw;
-  for (auto& i : inputs) raw.push_back(i.get());
-  auto outs = exe->execute(raw, device);
-  metrics().executions++;
-  if (mode() == Mode::Debug) {
-    for (auto& o : outs) o->await_ready();
-  } else if (!outs.empty()) {
-    track_inflight(outs.back());
-  }
-  return outs;
+  return launch(*entry->exe, inputs, device);
 }
 
 std::string geom_key(const at::Tensor& t) {
@@ -99,7 +84,7 @@ void write_dense(const at::Tensor& dst, const pjrt::BufferPtr& value_buf) {
     return;
   }
   ready_storage(dst);
-  std::string key = "write" + geom_key(dst);
+  std::string key = "Cwrite" + geom_key(dst);
   key.push_back(static_cast<char>(value_buf->dtype()));
   key.push_back(static_cast<char>(st.dtype));
   key.append(std::to_string(st.buffer->numel()));
@@ -125,7 +110,7 @@ pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
   auto& st = ready_storage(t);
   DType d = to_dtype(t.scalar_type());
   if (whole_storage(t, st) && st.dtype == d) return st.buffer;
-  std::string key = "read" + geom_key(t);
+  std::string key = "Cread" + geom_key(t);
   key.push_back(static_cast<char>(st.dtype));
   key.append(std::to_string(st.buffer->numel()));
   auto outs = run_internal(
@@ -155,7 +140,7 @@ void device_copy(const at::Tensor& src, const at::Tensor& dst) {
   pjrt::BufferPtr sbuf = dense_buffer(src);
   DType d = to_dtype(dst.scalar_type());
   if (src.sizes() == dst.sizes() && sbuf->dtype() == d) return write_dense(dst, sbuf);
-  std::string key = "bcast" + geom_key(src) + geom_key(dst);
+  std::string key = "Cbcast" + geom_key(src) + geom_key(dst);
   auto outs = run_internal(
       key,
       [&](Builder& b) {
@@ -201,7 +186,7 @@ void resize_storage(const c10::Storage& storage, size_t nbytes) {
     if (n_new == 0) {
       st.buffer.reset();
     } else {
-      std::string key = "resize" + std::to_string(n_old) + "_" + std::to_string(n_new);
+      std::string key = "Cresize" + std::to_string(n_old) + "_" + std::to_string(n_new);
       key.push_back(static_cast<char>(st.dtype));
       DType d = st.dtype;
       auto outs = run_internal(

@@ -11,8 +11,9 @@
 #include <mutex>
 #include <vector>
 
-#include "aten/executor.h"
+#include "aten/copy.h"
 #include "aten/generator.h"
+#include "aten/launch.h"
 #include "aten/runtime.h"
 
 namespace torchtpu::aten {

@@ -7,7 +7,7 @@
 #include <optional>
 #include <tuple>
 
-#include "aten/fused.h"
+#include "aten/events.h"
 
 namespace torchtpu::aten {
 namespace {

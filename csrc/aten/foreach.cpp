@@ -12,7 +12,6 @@
 #include <memory>
 #include <optional>
 
-#include "aten/executor.h"
 #include "aten/program.h"
 #include "lower/types.h"
 
@@ -220,8 +219,7 @@ const ForeachOp* foreach_op(const c10::FunctionSchema& s, std::vector<uint8_t>& 
   if (!m) return nullptr;
   // Scalars the element op bakes into its program (a norm's order) are baked
   // here too; the others are runtime inputs, list elements included.
-  const std::string stem = m->name.substr(0, m->name.find('.'));
-  const auto& attrs = lower::attribute_scalars_of(stem);
+  const auto& attrs = lower::spec_of(lower::base_name(m->name)).attribute_scalars;
   for (size_t j = 0; j < m->src.size(); ++j) {
     const int i = m->src[j];
     if (i < 0) continue;

@@ -10,7 +10,6 @@
 #include <optional>
 #include <unordered_map>
 
-#include "aten/executor.h"
 #include "aten/program.h"
 #include "lower/types.h"
 
@@ -76,38 +75,6 @@ bool any_empty_tensor(const torch::jit::Stack& args, size_t first, size_t n) {
   return false;
 }
 
-// Where PyTorch's meta kernels disagree with its CPU kernels (the reference),
-// the output metadata follows the CPU.
-void follow_cpu_shapes(const c10::OperatorHandle& op, const torch::jit::Stack& args, size_t first,
-                       std::vector<at::Tensor>& outs) {
-  const c10::FunctionSchema& s = op.schema();
-  auto arg = [&](const char* name) -> const c10::IValue* {
-    auto i = s.argumentIndexWithName(name);
-    return i ? &args[first + *i] : nullptr;
-  };
-  const std::string& name = s.name();
-  // Margin losses of a 1-D input, unreduced: 0-dim, not [1], when the target
-  // is 0-dim (multi_margin) or 1-D (multilabel_margin).
-  const bool multi = name == "aten::multi_margin_loss";
-  if ((multi || name == "aten::multilabel_margin_loss_forward") && !outs.empty() &&
-      outs[0].dim() == 1 && outs[0].size(0) == 1) {
-    const c10::IValue* reduction = arg("reduction");
-    const c10::IValue& target = args[first + 1];
-    if (reduction && reduction->toInt() == 0 && target.isTensor() &&
-        target.toTensor().dim() <= (multi ? 0 : 1))
-      outs[0] = outs[0].reshape({});
-  }
-  // Batch norm in eval mode saves no statistics: save_mean and save_invstd
-  // are empty, not [C].
-  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
-       name == "aten::_native_batch_norm_legit_no_training") &&
-      outs.size() >= 3) {
-    const c10::IValue* training = arg("training");
-    if (!training || !training->toBool())
-      for (int k : {1, 2}) outs[k] = at::empty({0}, outs[k].options());
-  }
-}
-
 // PyTorch's meta kernel gives the outputs' dtypes and sizes (and its errors).
 std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const OpInfo& info,
                                      const torch::jit::Stack& args, size_t first, size_t n,
@@ -166,7 +133,9 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const OpInfo
                   "; only tensor results can be lowered");
     }
   }
-  follow_cpu_shapes(op, args, first, outs);
+  // Where PyTorch's meta kernel disagrees with its CPU kernel (the reference),
+  // the rule's spec follows the CPU.
+  if (info.spec->fix_shapes) info.spec->fix_shapes({op.schema(), &args[first]}, outs);
   return outs;
 }
 

@@ -10,11 +10,10 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <deque>
 #include <filesystem>
 #include <mutex>
 
-#include "aten/fused.h"
+#include "aten/events.h"
 
 namespace torchtpu::aten {
 
@@ -167,21 +166,27 @@ Mode mode() {
   return static_cast<Mode>(global_mode_value.load());
 }
 Mode global_mode() { return static_cast<Mode>(global_mode_value.load()); }
-// Leaving Fused Eager runs what was recorded, so the new mode sees real values.
+// Leaving Fused Eager is published, so what was recorded runs and the new
+// mode sees real values.
+namespace {
+void left(Mode before) {
+  if (before == Mode::Fused && mode() != Mode::Fused) publish(Event::ModeLeft, "mode_switch");
+}
+}  // namespace
 void set_mode(Mode m) {
   Mode before = mode();
   global_mode_value = static_cast<int>(m);
-  if (before == Mode::Fused && mode() != Mode::Fused) fused_flush("mode_switch");
+  left(before);
 }
 void push_thread_mode(Mode m) {
   Mode before = mode();
   c10::ThreadLocalDebugInfo::_push(kModeInfo, std::make_shared<ModeInfo>(m));
-  if (before == Mode::Fused && m != Mode::Fused) fused_flush("mode_switch");
+  left(before);
 }
 void pop_thread_mode() {
   Mode before = mode();
   c10::ThreadLocalDebugInfo::_pop(kModeInfo);
-  if (before == Mode::Fused && mode() != Mode::Fused) fused_flush("mode_switch");
+  left(before);
 }
 
 const char* mode_name(Mode m) {
@@ -205,53 +210,6 @@ Metrics& metrics() {
   return m;
 }
 
-// --- in-flight queue
-
-namespace {
-std::mutex inflight_mu;
-// Weak: a queued buffer must not count as a holder (it would veto donation);
-// a buffer freed before it is awaited no longer bounds anything.
-std::deque<std::weak_ptr<pjrt::Buffer>>& inflight_queue() {
-  static auto* q = new std::deque<std::weak_ptr<pjrt::Buffer>>();
-  return *q;
-}
-size_t max_inflight() {
-  static size_t n = [] {
-    const char* v = std::getenv("TORCHTPU_MAX_INFLIGHT");
-    return v ? std::max<size_t>(1, std::atoll(v)) : 64;
-  }();
-  return n;
-}
-}  // namespace
-
-void track_inflight(const pjrt::BufferPtr& out) {
-  std::weak_ptr<pjrt::Buffer> oldest;
-  {
-    std::lock_guard<std::mutex> lock(inflight_mu);
-    auto& inflight = inflight_queue();
-    inflight.push_back(out);
-    if (inflight.size() <= max_inflight()) return;
-    oldest = std::move(inflight.front());
-    inflight.pop_front();
-  }
-  // Errors surface where the value is read; the queue only bounds progress.
-  try {
-    if (auto b = oldest.lock()) b->await_ready();
-  } catch (...) {
-  }
-}
-
-void synchronize() {
-  fused_flush("synchronize");
-  std::deque<std::weak_ptr<pjrt::Buffer>> pending;
-  {
-    std::lock_guard<std::mutex> lock(inflight_mu);
-    pending.swap(inflight_queue());
-  }
-  for (auto& w : pending)
-    if (auto b = w.lock()) b->await_ready();
-}
-
 // --- storage and allocator
 
 // Device memory the allocator hands out: TORCHTPU_MEMORY_LIMIT bytes, else the
@@ -270,7 +228,7 @@ namespace {
 
 void delete_storage(void* ctx) {
   auto* s = static_cast<DeviceStorage*>(ctx);
-  fused_storage_freed(s);
+  publish_storage_freed(s);
   metrics().bytes_in_use -= static_cast<int64_t>(s->nbytes);
   delete s;
 }
@@ -327,6 +285,24 @@ TpuAllocator g_allocator;
 }  // namespace
 
 c10::Allocator* allocator() { return &g_allocator; }
+
+pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device) {
+  std::vector<unsigned char> zeros(static_cast<size_t>(n) * itemsize(dtype), 0);
+  int64_t dims[1] = {n};
+  metrics().bytes_to_device += static_cast<int64_t>(zeros.size());
+  return client().buffer_from_host(zeros.data(), dtype, dims, device);
+}
+
+at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,
+                       int device) {
+  c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
+  c10::DeviceGuard guard(dev);
+  at::Tensor t = at::empty(sizes, c10::TensorOptions().dtype(dtype).device(dev));
+  auto& st = device_storage(t.storage());
+  st.dtype = buf->dtype();
+  st.buffer = std::move(buf);
+  return t;
+}
 
 DeviceStorage& device_storage(const c10::Storage& storage) {
   void* ctx = storage.data_ptr().get_context();

@@ -1,6 +1,7 @@
 // Process-wide device runtime: the PJRT client, device storages, eager mode,
 // metrics. The torch-facing glue for csrc/pjrt.
 #pragma once
+#include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/Storage.h>
 
@@ -47,6 +48,11 @@ c10::Allocator* allocator();
 // Bytes the allocator hands out per device: TORCHTPU_MEMORY_LIMIT, else the
 // host's physical memory.
 int64_t memory_limit();
+// Zero-initialized storage buffer of `nbytes` with element type `dtype`.
+pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device);
+// New contiguous tpu tensor owning `buf` (rank-1, numel elements).
+at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,
+                       int device);
 // Replaces the storage's bytes with a zero-initialized allocation of `nbytes`,
 // keeping the leading old contents (untyped_storage().resize_()).
 void resize_storage(const c10::Storage& storage, size_t nbytes);
@@ -64,11 +70,6 @@ void push_thread_mode(Mode m);
 void pop_thread_mode();
 bool check_nans();
 bool cpu_fallback_enabled();
-
-// Host-side limit on work in flight: waits for the oldest output when the
-// queue is full so the host cannot run unboundedly ahead of the device.
-void track_inflight(const pjrt::BufferPtr& out);
-void synchronize();
 
 struct Metrics {
   std::atomic<int64_t> ops{0}, compiles{0}, cache_hits{0}, fallbacks{0}, host_syncs{0};

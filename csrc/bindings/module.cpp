@@ -6,9 +6,12 @@
 #include <memory>
 #include <unordered_map>
 
-#include "aten/executor.h"
+#include "aten/dispatch.h"
 #include "aten/fused.h"
 #include "aten/generator.h"
+#include "aten/launch.h"
+#include "aten/op_info.h"
+#include "aten/ops.h"
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
 #include "lower/registry.h"

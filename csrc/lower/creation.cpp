@@ -75,8 +75,8 @@ double random_max(DType t) {
 TPU_LOWERING(creation_ranges) {
   // start/end/step decide the output's length, so they are keyed by value (an
   // out= tensor is resized only when its key is new).
-  attribute_scalars("arange", {0, 1, 2});
-  attribute_scalars("range", {0, 1, 2});
+  spec("arange", {.attribute_scalars = {0, 1, 2}});
+  spec("range", {.attribute_scalars = {0, 1, 2}});
   // (start, end, step, *, out): out[i] = start + i * step, length from out's shape.
   reg("arange.start_out", [](Ctx& c) -> V {
     const Type& o = c.out(0);

@@ -235,7 +235,7 @@ TPU_LOWERING(elementwise_arith) {
   binary("pow", {"Tensor_Tensor", "Scalar"}, [](Ctx&, Ex x, Ex y) { return x.bin("power", y); });
   // x ** k: k is an attribute, so common exponents become cheap ops and XLA
   // sees a constant.
-  attribute_scalars("pow", {1});
+  spec("pow", {.attribute_scalars = {1}});
   reg("pow.Tensor_Scalar", [](Ctx& c) -> V {
     Ex x = arg_as(c, 0, c.out(0).dtype);
     c10::Scalar k = c.arg(1).toScalar();
@@ -573,6 +573,9 @@ TPU_LOWERING(elementwise_select) {
       return {where(Ex(c.b, c.in(0)), arg_as(c, 1, t), arg_as(c, 2, t))};
     });
   }
+  // As on the CPU, fills may write through expanded views.
+  for (const char* base : {"fill", "zero", "masked_fill"})
+    spec(base, {.writes_expanded_views = true});
   for (const char* n : {"masked_fill.Scalar", "masked_fill.Tensor"}) {
     reg(n, [](Ctx& c) -> V {
       DType t = c.out(0).dtype;

@@ -165,6 +165,12 @@ Value insertion_points(Builder& b, Value seq, Value vals, bool right) {
 }
 
 TPU_LOWERING(index_ops) {
+  // Debug Eager checks every index along `dim` first (XLA clamps silently).
+  for (const char* base : {"index_select", "gather", "scatter", "scatter_add", "index_add",
+                           "index_copy", "index_fill"})
+    spec(base, {.index_checks = {{IndexCheck::AlongDim, 0, 1, 2}}});
+  for (const char* base : {"index", "index_put", "_index_put_impl"})
+    spec(base, {.index_checks = {{IndexCheck::EachDim, 0, -1, 1}}, .mask_index_list = 1});
   // (self, dim, index)
   reg("index_select", [](Ctx& c) -> V {
     Builder& b = c.b;

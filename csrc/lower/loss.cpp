@@ -62,7 +62,21 @@ MultiMargin multi_margin(Ctx& c, const Ex& x, int target_arg, int margin_arg, in
   return {z, active, onehot, w};
 }
 
+// Unreduced margin losses of a 1-D input are 0-dim on the CPU, not [1] as
+// PyTorch's meta kernels say, when the target is 0-dim (multi_margin) or 1-D
+// (multilabel_margin).
+template <int kMaxTargetDim>
+void scalar_loss_of_a_row(const CallArgs& a, std::vector<at::Tensor>& outs) {
+  const c10::IValue* reduction = a.named("reduction");
+  const c10::IValue& target = a[1];
+  if (!outs.empty() && outs[0].dim() == 1 && outs[0].size(0) == 1 && reduction &&
+      reduction->toInt() == 0 && target.isTensor() && target.toTensor().dim() <= kMaxTargetDim)
+    outs[0] = outs[0].reshape({});
+}
+
 TPU_LOWERING(margin_losses) {
+  spec("multi_margin_loss", {.fix_shapes = scalar_loss_of_a_row<0>});
+  spec("multilabel_margin_loss_forward", {.fix_shapes = scalar_loss_of_a_row<1>});
   // (self, target, p, margin, weight?, reduction)
   reg("multi_margin_loss", [](Ctx& c) -> V {
     DType t = compute_dtype(c.out(0).dtype);

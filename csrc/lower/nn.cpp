@@ -1,4 +1,6 @@
 // Neural-network ops: matmuls, layer norm, dropout, losses, embedding backward.
+#include <ATen/ops/empty.h>
+
 #include <string>
 #include <vector>
 
@@ -170,6 +172,16 @@ TPU_LOWERING(nn_batch_norm) {
       {"_batch_norm_with_update", -1, 5, 6, 3},
       {"_batch_norm_no_update", -2, 5, 6, 3},
   };
+  // In eval mode no statistics are saved: the CPU returns save_mean and
+  // save_invstd empty, PyTorch's meta kernel [C].
+  auto no_saved_stats = [](const CallArgs& a, std::vector<at::Tensor>& outs) {
+    const c10::IValue* training = a.named("training");
+    if (outs.size() >= 3 && (!training || !training->toBool()))
+      for (int k : {1, 2}) outs[k] = at::empty({0}, outs[k].options());
+  };
+  for (const char* base :
+       {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training"})
+    spec(base, {.fix_shapes = no_saved_stats});
   for (const BnArgs& f : forms) {
     BnArgs a = f;
     reg(a.name, [a](Ctx& c) -> V {
@@ -406,6 +418,8 @@ TPU_LOWERING(nn_losses) {
 
 // (grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
 TPU_LOWERING(nn_embedding) {
+  // (grad, indices, num_weights, ...): indices must be below num_weights.
+  spec("embedding_dense_backward", {.index_checks = {{IndexCheck::SizeArg, 2, -1, 1}}});
   reg("embedding_dense_backward", [](Ctx& c) -> V {
     DType t = math_dtype(c);
     Builder& b = c.b;

@@ -63,7 +63,7 @@ std::pair<Ex, Ex> var_mean(Ctx& c, int dim_arg, int corr_arg, int keep_arg) {
 
 // p-norm with p known only at run time: every special case is computed and
 // the right one selected.
-// The order p is an attribute (see attribute_scalars), so only its own
+// The order p is an attribute (Spec::attribute_scalars), so only its own
 // reduction is built.
 Ex vector_norm(const Ex& x, const std::vector<int64_t>& dims, bool keep, double p) {
   Ex a = x.un("abs");
@@ -244,8 +244,8 @@ TPU_LOWERING(reduce_stats) {
     auto [v, m] = var_mean(c, 1, 2, 3);
     return {v.un("sqrt"), m};
   });
-  attribute_scalars("linalg_vector_norm", {1});
-  attribute_scalars("norm", {1});
+  spec("linalg_vector_norm", {.attribute_scalars = {1}});
+  spec("norm", {.attribute_scalars = {1}});
   reg("linalg_vector_norm", [](Ctx& c) -> V {
     Ex x = input(c);
     return {vector_norm(x, dims_arg(c, 2, x.v.rank()), false, c.arg(1).toScalar().toDouble())};

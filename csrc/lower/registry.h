@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hlo/builder.h"
+#include "lower/spec.h"
 
 namespace torchtpu::lower {
 
@@ -73,12 +74,6 @@ using Rule = std::function<std::vector<Value>(Ctx&)>;
 void register_rule(const std::string& op, Rule rule);
 const Rule* find_rule(const std::string& op);
 std::vector<std::string> registered_ops();
-
-// Scalar arguments of op `base` (name without overload or trailing `_`) that
-// shape the program, such as a norm's order: they are baked into the program
-// and its cache key instead of being passed at run time.
-void attribute_scalars(const std::string& base, std::vector<int> args);
-const std::vector<int>& attribute_scalars_of(const std::string& base);
 
 // Registers rules at static-initialization time:
 //   TPU_LOWERING(relu) { reg("relu", [](Ctx& c) -> std::vector<Value> { ... }); }

@@ -1,0 +1,98 @@
+// Fused Eager's recorded graph, shared by the recorder (fused_record.cpp)
+// and the runner (fused_run.cpp). Internal to those two files.
+#pragma once
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "aten/program.h"
+#include "graph/policy.h"
+
+namespace torchtpu::aten::fused {
+
+bool debug_fusion();  // TORCHTPU_DEBUG_FUSION=1
+
+// Whether an argument is a Tensor?[] / Tensor[] held as a generic list.
+inline bool is_tensor_list(const c10::IValue& v) {
+  if (!v.isList()) return false;
+  auto t = v.toList().elementType();
+  if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+  return t->kind() == c10::TypeKind::TensorType;
+}
+
+// How a recorded call's tensor argument is kept without keeping its storage alive.
+struct TensorDesc {
+  enum Kind : uint8_t { Undefined, Host, Device } kind;
+  int slot = -1;
+  c10::ScalarType dtype = c10::kFloat;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+};
+
+// Per op signature: outputs and random-number use, known without lowering.
+struct Template {
+  CallOutputs outs;
+  int64_t rng_numel = -1;
+  // Storages the call writes (by the call's storage numbering) and their dtype
+  // afterwards: aliased returns, Tensor(a!) arguments, and writes the schema
+  // does not declare (native_batch_norm's running stats).
+  std::vector<std::pair<int, DType>> writes;
+};
+
+struct Node {
+  c10::OperatorHandle op;
+  const OpInfo* info;
+  torch::jit::Stack args;         // device tensors replaced by undefined placeholders
+  std::vector<TensorDesc> descs;  // every tensor position, in traversal order
+  std::shared_ptr<const Template> tmpl;
+  std::vector<int> out_slots;  // per output: graph slot of a fresh tensor, or -1
+  std::vector<int> writes;     // graph slots written in place
+  std::vector<std::tuple<int, int, pjrt::BufferPtr>> host;      // (argument, element, upload)
+  std::vector<std::tuple<int, int, c10::Scalar>> host_scalars;  // 0-dim host tensors' values
+  uint64_t rng[2] = {0, 0};
+  const std::string* where = nullptr;
+};
+
+struct GraphSlot {
+  DeviceStorage* st;  // null once the storage died
+  pjrt::BufferPtr captured;
+  SlotState state;
+};
+
+struct Graph {
+  std::recursive_mutex mu;
+  std::vector<Node> nodes;
+  std::vector<GraphSlot> slots;
+  std::unordered_map<const DeviceStorage*, int> slot_of;
+  std::string key;  // "F" + per call: its key and the graph slots of its storages
+  int device = 0;
+  int64_t live_pending = 0;  // live storages whose value the graph holds
+  graph::LoopDetector loop;
+  uint64_t prefix = 0;              // hash of the calls recorded so far
+  std::vector<uint64_t> prefix_at;  // per node: `prefix` before it
+  graph::ReadAhead read_ahead;
+  bool ahead = false;  // the last cut was a read-ahead cut; the read is still to come
+  std::unordered_map<std::string, std::shared_ptr<const Template>> templates;
+  std::map<std::string, int64_t> cuts;
+};
+
+// Leaked: storages may die after static destructors run.
+Graph& graph();
+extern std::atomic<bool> g_nonempty;
+
+// Runs the graph (see fused_run.cpp); with `target`, the calls the host's
+// read of that slot needs run first.
+void flush_locked(Graph& g, const char* reason, int target = -1);
+// Empties the graph after a cut.
+void clear(Graph& g);
+std::string node_name(const Node& n);
+
+}  // namespace torchtpu::aten::fused

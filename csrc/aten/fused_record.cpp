@@ -1,0 +1,267 @@
+// Fused Eager's recorder: each call becomes a node of the process's graph,
+// with output metadata computed at once (PyTorch's meta kernel, cached per op
+// signature) and output tensors whose storages are "pending". The graph's
+// key grows with every call (the call's structural key plus the graph-wide
+// numbers of its storages), so a graph seen before is found without building
+// StableHLO. Storages are numbered by first use; their buffers at first use
+// are captured as inputs.
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "aten/events.h"
+#include "aten/fused.h"
+#include "aten/fused_graph.h"
+#include "aten/generator.h"
+#include "lower/types.h"
+
+namespace torchtpu::aten {
+
+using hlo::Type;
+using namespace fused;
+
+namespace {
+
+template <typename T>
+void put(std::string& k, const T& v) {
+  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+const std::string* (*g_location)() = nullptr;
+
+size_t max_ops() {
+  static size_t n = [] {
+    const char* v = std::getenv("TORCHTPU_FUSED_MAX_OPS");
+    return v ? std::max<size_t>(1, std::atoll(v)) : size_t{8192};
+  }();
+  return n;
+}
+
+int slot_for(Graph& g, DeviceStorage* st) {
+  auto it = g.slot_of.find(st);
+  if (it != g.slot_of.end()) return it->second;
+  if (st->error) TORCH_CHECK(false, *st->error);
+  TORCH_INTERNAL_ASSERT(!st->pending, "[tpu] pending storage outside the fused graph");
+  g.slots.push_back({st, st->buffer, SlotState{st->has_value(), st->dtype, st->nbytes}});
+  int s = static_cast<int>(g.slots.size()) - 1;
+  g.slot_of.emplace(st, s);
+  return s;
+}
+
+// Copies one argument for the node, replacing device tensors by placeholders
+// described in `descs`; host tensors are uploaded (0-dim ones read) now, as the
+// caller may reuse them.
+c10::IValue strip(Graph& g, Node& node, int arg, const c10::IValue& v) {
+  auto one = [&](const at::Tensor& t, int sub) -> at::Tensor {
+    TensorDesc d;
+    if (!t.defined()) {
+      d.kind = TensorDesc::Undefined;
+      node.descs.push_back(std::move(d));
+      return t;
+    }
+    if (!t.device().is_privateuseone()) {
+      d.kind = TensorDesc::Host;
+      node.descs.push_back(std::move(d));
+      if (t.dim() == 0)
+        node.host_scalars.emplace_back(arg, sub, t.item());
+      else
+        node.host.emplace_back(arg, sub, host_input(t, -1, g.device));
+      return t;
+    }
+    d.kind = TensorDesc::Device;
+    d.slot = slot_for(g, &device_storage(t.storage()));
+    d.dtype = t.scalar_type();
+    d.sizes = t.sizes().vec();
+    d.strides = t.strides().vec();
+    d.offset = t.storage_offset();
+    node.descs.push_back(std::move(d));
+    return at::Tensor();
+  };
+  if (v.isTensor()) return one(v.toTensor(), -1);
+  if (v.isTensorList()) {
+    auto src = v.toTensorList();
+    c10::List<at::Tensor> l;
+    for (size_t j = 0; j < src.size(); ++j) l.push_back(one(src[j], static_cast<int>(j)));
+    return l;
+  }
+  if (is_tensor_list(v)) {
+    auto src = v.toList();
+    c10::impl::GenericList l(src.elementType());
+    for (size_t j = 0; j < src.size(); ++j) {
+      c10::IValue e = src.get(j);
+      l.push_back(e.isTensor() ? c10::IValue(one(e.toTensor(), static_cast<int>(j))) : e);
+    }
+    return l;
+  }
+  return v;
+}
+
+// Returns the storage's graph slot.
+int mark_written(Graph& g, DeviceStorage* st, DType dtype) {
+  const int slot = slot_for(g, st);
+  st->dtype = dtype;
+  if (!st->pending) {
+    st->pending = true;
+    g.live_pending++;
+  }
+  return slot;
+}
+
+std::shared_ptr<const Template> make_template(const c10::OperatorHandle& op, const OpInfo& info,
+                                              const torch::jit::Stack& args, size_t first, size_t n,
+                                              std::vector<DeviceStorage*> storages) {
+  auto t = std::make_shared<Template>();
+  t->outs = call_outputs(op, info, args, first, n);
+  // Lowering once now reports rule errors at the call and finds the random
+  // stream's size; the program itself is built at the cut.
+  Program p;
+  for (DeviceStorage* st : storages) p.add_slot({st->has_value(), st->dtype, st->nbytes});
+  SlotOf slot_of = [&](const at::Tensor& x) -> int {
+    if (!x.device().is_privateuseone()) return -1;
+    auto* st = &device_storage(x.storage());
+    return static_cast<int>(std::find(storages.begin(), storages.end(), st) - storages.begin());
+  };
+  lower_call(p, 0, info, args, first, slot_of, t->outs, &t->rng_numel);
+  for (int slot : p.written) t->writes.emplace_back(slot, p.current[slot].dtype());
+  return t;
+}
+
+}  // namespace
+
+void set_location_hook(const std::string* (*hook)()) { g_location = hook; }
+
+void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
+  CallKey call = key_call(op, info, *stack);
+  const size_t n = call.n, first = call.first;
+  const std::vector<DeviceStorage*>& storages = call.storages;
+  const std::string& key = call.key;
+
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  const int device = storages.empty() ? current_device() : storages[0]->device;
+  if (!g.nodes.empty() && device != g.device) flush_locked(g, "device_switch");
+
+  std::shared_ptr<const Template> tmpl;
+  if (auto it = g.templates.find(key); it != g.templates.end()) {
+    tmpl = it->second;
+  } else {
+    // out= tensors of the wrong size are resized first (then the key changes).
+    if (info.is_out && resize_outs(op, info, *stack, first, n, key))
+      return fused_record(op, info, stack);
+    tmpl = make_template(op, info, *stack, first, n, storages);
+    g.templates.emplace(key, tmpl);
+  }
+
+  const uint64_t h = std::hash<std::string>{}(key);
+  if (!g.nodes.empty()) {
+    if (g.loop.cut_before(h)) {
+      flush_locked(g, "loop_boundary");
+    } else if (!g.read_ahead.empty() && g.read_ahead.cut_here(g.prefix, g.nodes.size())) {
+      flush_locked(g, "read_ahead");
+      g.ahead = true;
+    } else if (g.nodes.size() >= max_ops()) {
+      flush_locked(g, "size_cap");
+    }
+  }
+  g.device = device;
+
+  Node node{op, &info};
+  node.tmpl = tmpl;
+  if (g.key.empty()) g.key.push_back('F');  // the program table's key of a fused graph
+  g.key += key;
+  std::vector<int> slots;
+  slots.reserve(storages.size());
+  for (DeviceStorage* st : storages) {
+    slots.push_back(slot_for(g, st));
+    put(g.key, static_cast<int32_t>(slots.back()));
+  }
+  const uint64_t prefix = graph::extend_prefix(g.prefix, h, slots);
+  node.args.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    node.args.push_back(strip(g, node, static_cast<int>(i), (*stack)[first + i]));
+  if (tmpl->rng_numel >= 0)
+    philox_take(find_generator(*stack, first, n), device, tmpl->rng_numel, node.rng);
+  if (debug_fusion() && g_location) node.where = g_location();
+  const int64_t live_before = g.live_pending;
+  g.prefix_at.push_back(std::exchange(g.prefix, prefix));
+
+  for (auto [slot, dtype] : tmpl->writes)
+    node.writes.push_back(mark_written(g, storages[slot], dtype));
+  // Fresh outputs: real tensors whose storages wait for the graph.
+  const CallOutputs& co = tmpl->outs;
+  std::vector<at::Tensor> fresh;
+  node.out_slots.assign(co.types.size(), -1);
+  size_t k = 0;
+  for (size_t r = 0; r < co.ret_lists.size(); ++r) {
+    int cnt = co.ret_lists[r] < 0 ? 1 : co.ret_lists[r];
+    bool alias = r < info.ret_alias_arg.size() && info.ret_alias_arg[r] >= 0;
+    for (int j = 0; j < cnt; ++j, ++k) {
+      if (alias) continue;
+      if (co.undefined[k]) {
+        fresh.emplace_back();
+        continue;
+      }
+      const Type& t = co.types[k];
+      at::Tensor out =
+          at::empty(t.shape, c10::TensorOptions()
+                                 .dtype(lower::to_scalar_type(t.dtype))
+                                 .device(c10::Device(c10::DeviceType::PrivateUse1,
+                                                     static_cast<c10::DeviceIndex>(device))));
+      DeviceStorage* st = &device_storage(out.storage());
+      st->dtype = t.dtype;
+      st->pending = true;
+      g.live_pending++;
+      g.slots.push_back({st, nullptr, SlotState{false, t.dtype, st->nbytes, true}});
+      node.out_slots[k] = static_cast<int>(g.slots.size()) - 1;
+      g.slot_of.emplace(st, node.out_slots[k]);
+      fresh.push_back(std::move(out));
+    }
+  }
+  g.nodes.push_back(std::move(node));
+  g_nonempty = true;
+  metrics().fused_ops++;
+
+  if (auto cut = g.loop.recorded(h, live_before)) {
+    g.cuts["loop_detected"]++;
+    if (debug_fusion())
+      std::fprintf(stderr, "[tpu fused] loop of %zu ops detected after %zu ops; cut before %s\n",
+                   cut->period, g.nodes.size(), g.nodes[cut->at].info->name.c_str());
+  }
+  push_returns(info, co.ret_lists, fresh, *stack, first);
+}
+
+bool fused_holds(const DeviceStorage& st) {
+  if (!g_nonempty) return false;
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  return g.slot_of.count(&st) > 0;
+}
+
+namespace {
+
+// A storage died, so its pending value is no program output.
+void storage_freed(DeviceStorage* st) {
+  if (!g_nonempty) return;
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  auto it = g.slot_of.find(st);
+  if (it == g.slot_of.end()) return;
+  g.slots[it->second].st = nullptr;
+  if (st->pending) g.live_pending--;
+  g.slot_of.erase(it);
+}
+
+// Fused Eager's part in the runtime's events.
+struct Subscriptions {
+  Subscriptions() {
+    subscribe(Event::ModeLeft, &fused_flush);
+    subscribe(Event::SyncRequested, &fused_flush);
+    subscribe_storage_freed(&storage_freed);
+  }
+} subscriptions;
+
+}  // namespace
+
+}  // namespace torchtpu::aten

@@ -1,0 +1,379 @@
+// Fused Eager's runner: at a cut, the live pending storages become the
+// program's outputs (temporaries are never materialized), inputs that only
+// those storages hold are donated, and the graph runs as one program, or two
+// when a host read needs only part of it (graph::partition). Programs are
+// found in, or added to, the launcher's table under the graph's key.
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+
+#include "aten/events.h"
+#include "aten/fused.h"
+#include "aten/fused_graph.h"
+#include "aten/launch.h"
+
+namespace torchtpu::aten {
+
+using hlo::Value;
+using namespace fused;
+
+namespace fused {
+
+bool debug_fusion() {
+  static bool on = [] {
+    const char* v = std::getenv("TORCHTPU_DEBUG_FUSION");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+Graph& graph() {
+  static auto* g = new Graph();
+  return *g;
+}
+std::atomic<bool> g_nonempty{false};
+
+void clear(Graph& g) {
+  for (GraphSlot& s : g.slots)
+    if (s.st) s.st->pending = false;
+  g.nodes.clear();
+  g.slots.clear();
+  g.slot_of.clear();
+  g.key.clear();
+  g.loop.reset_after_cut();
+  g.prefix = 0;
+  g.prefix_at.clear();
+  g.live_pending = 0;
+  g_nonempty = false;
+}
+
+std::string node_name(const Node& n) {
+  std::string s = "aten::" + n.info->name;
+  if (n.where) s += " (recorded at " + *n.where + ")";
+  return s;
+}
+
+}  // namespace fused
+
+namespace {
+
+template <typename T>
+void put(std::string& k, const T& v) {
+  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+// A feature that is on unless `name` is "0".
+bool env_default_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !v || std::string(v) != "0";
+}
+
+// TORCHTPU_FUSED_DONATE=0 turns donation off (to compare memory and speed).
+bool donation() {
+  static bool on = env_default_on("TORCHTPU_FUSED_DONATE");
+  return on;
+}
+
+// TORCHTPU_FUSED_SPLIT=0: a read runs the whole graph as one program.
+bool split_reads() {
+  static bool on = env_default_on("TORCHTPU_FUSED_SPLIT");
+  return on;
+}
+
+// TORCHTPU_FUSED_READ_AHEAD=0: no read-ahead cuts.
+bool read_ahead() {
+  static bool on = env_default_on("TORCHTPU_FUSED_READ_AHEAD");
+  return on;
+}
+
+// The inverse of strip for lowering: placeholders become meta tensors with
+// the recorded geometry, mapped to their graph slots.
+c10::IValue rebuild(const Node& node, const c10::IValue& v, size_t& pos,
+                    std::unordered_map<const c10::TensorImpl*, int>& slots) {
+  auto one = [&](const at::Tensor& t) -> at::Tensor {
+    const TensorDesc& d = node.descs.at(pos++);
+    if (d.kind != TensorDesc::Device) return t;
+    // A meta base large enough for the view (as_strided checks bounds).
+    int64_t extent = d.offset + 1;
+    bool empty = std::find(d.sizes.begin(), d.sizes.end(), 0) != d.sizes.end();
+    for (size_t i = 0; i < d.sizes.size() && !empty; ++i) extent += (d.sizes[i] - 1) * d.strides[i];
+    at::Tensor m = at::empty({extent}, c10::TensorOptions().dtype(d.dtype).device(c10::kMeta))
+                       .as_strided(d.sizes, d.strides, d.offset);
+    slots[m.unsafeGetTensorImpl()] = d.slot;
+    return m;
+  };
+  if (v.isTensor()) return one(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(one(t));
+    return l;
+  }
+  if (is_tensor_list(v)) {
+    auto src = v.toList();
+    c10::impl::GenericList l(src.elementType());
+    for (const c10::IValue& e : src) l.push_back(e.isTensor() ? c10::IValue(one(e.toTensor())) : e);
+    return l;
+  }
+  return v;
+}
+
+// Lowers the calls `order` (graph node indices, in recording order) into one
+// program returning the slots `outs`. Program inputs name calls by their
+// position in `order`, so the entry serves any graph with the same key.
+std::shared_ptr<ProgramEntry> build(Graph& g, const std::vector<int>& order,
+                                    const std::vector<int>& outs, size_t& failed_node) {
+  auto e = std::make_shared<ProgramEntry>();
+  Program p;
+  for (const GraphSlot& s : g.slots) p.add_slot(s.state);
+  for (size_t i = 0; i < order.size(); ++i) {
+    failed_node = order[i];
+    const Node& node = g.nodes[order[i]];
+    std::unordered_map<const c10::TensorImpl*, int> impl_slot;
+    torch::jit::Stack args;
+    size_t pos = 0;
+    for (const c10::IValue& v : node.args) args.push_back(rebuild(node, v, pos, impl_slot));
+    SlotOf slot_of = [&](const at::Tensor& t) {
+      auto it = impl_slot.find(t.unsafeGetTensorImpl());
+      return it == impl_slot.end() ? -1 : it->second;
+    };
+    int64_t rng = -1;
+    std::vector<Value> vals =
+        lower_call(p, static_cast<int>(i), *node.info, args, 0, slot_of, node.tmpl->outs, &rng);
+    for (size_t k = 0; k < vals.size(); ++k)
+      if (node.out_slots[k] >= 0)
+        p.current[node.out_slots[k]] = p.b.reshape(vals[k], {node.tmpl->outs.types[k].numel()});
+  }
+  failed_node = g.nodes.size();
+  std::vector<Value> results;
+  for (int o : outs) {
+    const GraphSlot& s = g.slots[o];
+    DType d = s.st ? s.st->dtype : s.state.dtype;
+    results.push_back(p.current[o].valid() ? p.current[o] : p.storage(o, d));
+  }
+  p.finish(results, *e, "TORCHTPU_DUMP_FUSED");
+  return e;
+}
+
+// Slots a call reads (its device tensor arguments) and writes (in place or fresh).
+template <typename F>
+void for_reads(const Node& n, F f) {
+  for (const TensorDesc& d : n.descs)
+    if (d.kind == TensorDesc::Device) f(d.slot);
+}
+template <typename F>
+void for_writes(const Node& n, F f) {
+  for (int s : n.writes) f(s);
+  for (int s : n.out_slots)
+    if (s >= 0) f(s);
+}
+
+// A graph's program inputs come from its captured buffers and its nodes.
+class GraphFeed final : public InputFeed {
+ public:
+  GraphFeed(Graph& g, const std::vector<int>& order) : g_(g), order_(order) {}
+  pjrt::BufferPtr storage(int slot) override {
+    const GraphSlot& s = g_.slots[slot];
+    if (s.state.donate) metrics().donated_bytes += static_cast<int64_t>(s.captured->nbytes());
+    return s.captured;
+  }
+  pjrt::BufferPtr host(const InputSource& in) override {
+    for (const auto& [a, sub, buf] : node(in.node).host)
+      if (a == in.index && sub == in.sub) return buf;
+    TORCH_INTERNAL_ASSERT(false, "[tpu] a fused host input was not uploaded");
+  }
+  void rng(const InputSource& in, uint64_t state[2]) override {
+    state[0] = node(in.node).rng[0];
+    state[1] = node(in.node).rng[1];
+  }
+  c10::Scalar scalar(const ScalarSource& s) override {
+    const Node& n = node(s.node);
+    for (const auto& [a, sub, v] : n.host_scalars)
+      if (a == s.index && sub == s.sub) return v;
+    return scalar_of(n.args[s.index], s.sub);
+  }
+
+ private:
+  const Node& node(int i) const { return g_.nodes[order_[i]]; }
+  Graph& g_;
+  const std::vector<int>& order_;
+};
+
+// Runs the calls `order` as one program (cached under `key`, which the output
+// list and donations extend) and returns its result buffers, one per `outs`.
+std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
+                                      const std::vector<int>& outs, std::string key, bool& hit,
+                                      size_t& failed) {
+  key.push_back('|');
+  for (int o : outs) {
+    GraphSlot& s = g.slots[o];
+    s.state.donate = donation() && s.st && s.captured && s.captured.use_count() == 2 &&
+                     s.st->buffer == s.captured;
+    put(key, static_cast<int32_t>(o));
+    put(key, s.state.donate);
+  }
+  auto entry = std::static_pointer_cast<const ProgramEntry>(find_program(key));
+  if (entry) {
+    hit = true;
+    metrics().fused_cache_hits++;
+  } else {
+    auto made = build(g, order, outs, failed);
+    add_program(std::move(key), made);
+    entry = std::move(made);
+  }
+  GraphFeed feed(g, order);
+  std::vector<pjrt::BufferPtr> results =
+      launch(*entry->exe, gather_inputs(*entry, feed, g.device), g.device);
+  metrics().fused_graphs++;
+  metrics().fused_outputs += static_cast<int64_t>(results.size());
+  return results;
+}
+
+// Slots the calls `order` write whose values are needed after them: those a
+// tensor can still reach, and (`also`) those other calls go on to use.
+std::vector<int> outputs_of(const Graph& g, const std::vector<int>& order,
+                            const std::vector<char>* also = nullptr) {
+  std::vector<char> w(g.slots.size(), 0);
+  for (int i : order) for_writes(g.nodes[i], [&](int s) { w[s] = 1; });
+  std::vector<int> outs;
+  for (size_t s = 0; s < w.size(); ++s)
+    if (w[s] && (g.slots[s].st || (also && (*also)[s]))) outs.push_back(static_cast<int>(s));
+  return outs;
+}
+
+}  // namespace
+
+namespace fused {
+
+// Runs the graph. With `target` (a slot the host reads), the calls that value
+// needs run first as their own program, and the others after it as a second
+// program: the host waits only for the first while the second runs, so a
+// training loop's `loss.item()` does not wait for backward and optimizer.
+void flush_locked(Graph& g, const char* reason, int target) {
+  if (g.nodes.empty()) {
+    clear(g);
+    return;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  g.cuts[reason]++;
+  g.ahead = false;
+  const size_t n_nodes = g.nodes.size();
+  std::vector<int> first, rest;
+  if (target >= 0 && split_reads()) {
+    std::vector<graph::CallSlots> calls(n_nodes);
+    for (size_t i = 0; i < n_nodes; ++i) {
+      for_reads(g.nodes[i], [&](int s) { calls[i].reads.push_back(s); });
+      for_writes(g.nodes[i], [&](int s) { calls[i].writes.push_back(s); });
+    }
+    graph::partition(calls, g.slots.size(), target, first, rest);
+  }
+  const bool prefix = graph::is_prefix(first);
+  if (!graph::split_pays(first, rest.size(), read_ahead())) {
+    first.resize(n_nodes);
+    std::iota(first.begin(), first.end(), 0);
+    rest.clear();
+  }
+  bool hit_first = false, hit_rest = false;
+  size_t failed = n_nodes, n_outs = 0;
+  // Assigns a part's results: values a later part writes (`rewritten`) stay pending.
+  auto assign = [&](const std::vector<int>& outs, std::vector<pjrt::BufferPtr>& results,
+                    const std::vector<char>* rewritten) {
+    for (size_t k = 0; k < results.size(); ++k) {
+      GraphSlot& s = g.slots[outs[k]];
+      s.captured = results[k];
+      s.state = SlotState{true, results[k]->dtype(), s.state.nbytes};
+      if (!s.st) continue;
+      s.st->dtype = results[k]->dtype();
+      s.st->buffer = std::move(results[k]);
+      if (!rewritten || !(*rewritten)[outs[k]]) s.st->pending = false;
+    }
+  };
+  try {
+    // What the rest uses of the first part's values (nothing without a rest).
+    std::vector<char> used_by_rest(g.slots.size(), 0), written_by_rest(g.slots.size(), 0);
+    for (int i : rest) {
+      for_reads(g.nodes[i], [&](int s) { used_by_rest[s] = 1; });
+      for_writes(g.nodes[i], [&](int s) { used_by_rest[s] = written_by_rest[s] = 1; });
+    }
+    std::string key = std::move(g.key);
+    std::string key_first = rest.empty() ? std::move(key) : key + "|needed:";
+    if (!rest.empty()) put(key_first, static_cast<int32_t>(target));
+    std::vector<int> outs = outputs_of(g, first, &used_by_rest);
+    auto results = run_part(g, first, outs, std::move(key_first), hit_first, failed);
+    assign(outs, results, &written_by_rest);
+    n_outs = outs.size();
+    if (!rest.empty()) {
+      g.cuts[std::string(reason) + "+rest"]++;
+      outs = outputs_of(g, rest);
+      n_outs += outs.size();
+      put(key, static_cast<int32_t>(target));
+      results = run_part(g, rest, outs, key + "|rest", hit_rest, failed);
+      assign(outs, results, nullptr);
+      // A read that needed exactly the graph's first calls: when those calls
+      // are recorded again, they run at once while the host records the others
+      // (a training step's forward runs while its backward is recorded).
+      if (read_ahead() && prefix) g.read_ahead.learn(g.prefix_at[first.size()], first.size());
+    }
+  } catch (const std::exception& ex) {
+    std::string msg = std::string("[tpu] a fused graph of ") + std::to_string(n_nodes) +
+                      " ops (cut by " + reason + ") failed";
+    if (failed < n_nodes) msg += " while lowering " + node_name(g.nodes[failed]);
+    msg += ": ";
+    msg += ex.what();
+    if (!debug_fusion()) msg += " (TORCHTPU_DEBUG_FUSION=1 records the Python line of each op)";
+    auto err = std::make_shared<const std::string>(msg);
+    for (GraphSlot& s : g.slots)
+      if (s.st && s.st->pending) s.st->error = err;
+    clear(g);
+    TORCH_CHECK(false, msg);
+  }
+  if (debug_fusion()) {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const Node &a = g.nodes.front(), &z = g.nodes.back();
+    auto hit = [](bool h) { return h ? "cache-hit" : "compiled"; };
+    std::string how = hit(hit_first);
+    if (!rest.empty())
+      how = std::to_string(first.size()) + " needed ops " + hit(hit_first) + ", then " +
+            std::to_string(rest.size()) + " ops " + hit(hit_rest);
+    std::fprintf(stderr, "[tpu fused] cut=%s ops=%zu outputs=%zu %s %.3f s; %s .. %s\n", reason,
+                 n_nodes, n_outs, how.c_str(), secs, node_name(a).c_str(), node_name(z).c_str());
+  }
+  clear(g);
+}
+
+}  // namespace fused
+
+void fused_flush(const char* reason) {
+  if (!g_nonempty) return;
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  flush_locked(g, reason);
+}
+
+void fused_sync(const DeviceStorage& st, const char* reason, bool write) {
+  if (st.error) TORCH_CHECK(false, *st.error);
+  if (!g_nonempty) return;
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  if (!write && !st.pending) {
+    // The value was computed ahead of its read; the read still ends the graph,
+    // as it would have without the read-ahead cut, so the graphs keep their shape.
+    if (g.ahead) flush_locked(g, SyncReason::current(reason));
+    return;
+  }
+  auto it = g.slot_of.find(&st);
+  if (it != g.slot_of.end())
+    flush_locked(g, SyncReason::current(reason), write || !st.pending ? -1 : it->second);
+  if (st.error) TORCH_CHECK(false, *st.error);
+}
+
+std::vector<std::pair<std::string, int64_t>> fused_cut_report() {
+  Graph& g = graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  return {g.cuts.begin(), g.cuts.end()};
+}
+
+}  // namespace torchtpu::aten

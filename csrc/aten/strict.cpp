@@ -1,0 +1,135 @@
+#include "aten/strict.h"
+
+#include <ATen/ops/max.h>
+#include <ATen/ops/min.h>
+#include <c10/core/WrapDimMinimal.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "aten/fused.h"
+#include "aten/generator.h"
+#include "aten/program.h"
+#include "lower/types.h"
+
+namespace torchtpu::aten {
+
+namespace {
+
+// Debug Eager: integer indices must be in range before the op runs (XLA
+// clamps out-of-range gathers silently).
+void check_index(const std::string& op, const at::Tensor& idx, int64_t size, int64_t dim) {
+  if (!idx.defined() || idx.numel() == 0 || !c10::isIntegralType(idx.scalar_type(), false)) return;
+  at::Tensor h = idx.to(c10::kCPU);
+  int64_t lo = h.min().item<int64_t>(), hi = h.max().item<int64_t>();
+  TORCH_CHECK_INDEX(lo >= -size && hi < size, "[tpu] aten::", op, ": index ", hi >= size ? hi : lo,
+                    " is out of bounds for dimension ", dim, " with size ", size);
+}
+
+void debug_index_checks(const OpInfo& info, const torch::jit::Stack& args, size_t first) {
+  auto arg = [&](int i) -> const c10::IValue& { return args[first + i]; };
+  for (const lower::IndexCheck& c : info.spec->index_checks) {
+    switch (c.kind) {
+      case lower::IndexCheck::AlongDim: {
+        const at::Tensor& self = arg(c.self).toTensor();
+        int64_t dim =
+            c10::maybe_wrap_dim(arg(c.dim).toInt(), std::max<int64_t>(self.dim(), 1), true);
+        check_index(info.name, arg(c.index).toTensor(), self.dim() ? self.size(dim) : 1, dim);
+        break;
+      }
+      case lower::IndexCheck::EachDim: {
+        const at::Tensor& self = arg(c.self).toTensor();
+        auto list = arg(c.index).toList();
+        for (size_t k = 0; k < list.size() && static_cast<int64_t>(k) < self.dim(); ++k) {
+          c10::IValue e = list.get(k);
+          if (e.isTensor())
+            check_index(info.name, e.toTensor(), self.size(k), static_cast<int64_t>(k));
+        }
+        break;
+      }
+      case lower::IndexCheck::SizeArg:
+        check_index(info.name, arg(c.index).toTensor(), arg(c.self).toInt(), 0);
+        break;
+    }
+  }
+}
+
+// A Strict call's program inputs come from its stack and storages.
+class StackFeed final : public InputFeed {
+ public:
+  StackFeed(const ProgramEntry& e, const CallKey& call, const torch::jit::Stack& stack, int device)
+      : e_(e), call_(call), stack_(stack), device_(device) {}
+  pjrt::BufferPtr storage(int slot) override {
+    // The key records which storages were unwritten; those never become inputs.
+    TORCH_INTERNAL_ASSERT(call_.storages[slot]->buffer);
+    return call_.storages[slot]->buffer;
+  }
+  pjrt::BufferPtr host(const InputSource& in) override {
+    return host_input(stack_[call_.first + in.index], in.sub, device_);
+  }
+  void rng(const InputSource&, uint64_t state[2]) override {
+    philox_take(find_generator(stack_, call_.first, call_.n), device_, e_.rng_numel, state);
+  }
+  c10::Scalar scalar(const ScalarSource& s) override {
+    return scalar_of(stack_[call_.first + s.index], s.sub);
+  }
+
+ private:
+  const ProgramEntry& e_;
+  const CallKey& call_;
+  const torch::jit::Stack& stack_;
+  int device_;
+};
+
+// Installs the outputs: new buffers of written storages, fresh tensors, and
+// the op's returns (aliased arguments for in-place/out= ops) on the stack.
+void push_results(const ProgramEntry& entry, const OpInfo& info,
+                  const std::vector<pjrt::BufferPtr>& outs,
+                  const std::vector<DeviceStorage*>& storages, int device, torch::jit::Stack& stack,
+                  size_t first) {
+  std::vector<at::Tensor> fresh;
+  size_t next = 0;
+  for (const OutSpec& o : entry.outs) {
+    if (o.undefined) {
+      fresh.emplace_back();
+    } else if (o.write) {
+      DeviceStorage* st = storages[o.slot];
+      st->buffer = outs[next++];
+      st->dtype = o.dtype;
+    } else {
+      fresh.push_back(wrap_buffer(outs[next++], o.sizes, lower::to_scalar_type(o.dtype), device));
+    }
+  }
+  push_returns(info, entry.ret_lists, fresh, stack, first);
+}
+
+}  // namespace
+
+void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
+  CallKey call = key_call(op, info, *stack);
+  const size_t n = call.n, first = call.first;
+  // Another thread's fused graph may hold newer values of these storages.
+  for (DeviceStorage* st : call.storages) fused_sync(*st, "strict_op");
+  const bool debug = mode() == Mode::Debug;
+  if (debug) debug_index_checks(info, *stack, first);
+
+  auto entry = std::static_pointer_cast<const ProgramEntry>(find_program(call.key));
+  if (entry) {
+    metrics().cache_hits++;
+  } else {
+    // out= tensors of the wrong size are resized first (then the key changes).
+    if (info.is_out && resize_outs(op, info, *stack, first, n, call.key))
+      return strict_run(op, info, stack);
+    auto made = compile_call(op, info, *stack, first, n, call.storages);
+    add_program(call.key, made);
+    entry = std::move(made);
+  }
+  const int device = call.storages.empty() ? current_device() : call.storages[0]->device;
+  StackFeed feed(*entry, call, *stack, device);
+  std::vector<pjrt::BufferPtr> outs =
+      launch(*entry->exe, gather_inputs(*entry, feed, device), device,
+             [&] { return describe(info.name, *stack, first, n); });
+  push_results(*entry, info, outs, call.storages, device, *stack, first);
+}
+
+}  // namespace torchtpu::aten
