@@ -180,19 +180,21 @@ Ex py_remainder(const Ex& a, const Ex& b) {
 // Registers `name` for each overload suffix with a two-input body; inputs at
 // args 0 and 1 (Tensor or Scalar) come converted to the compute dtype.
 void binary(const char* name, std::initializer_list<const char*> overloads,
-            std::function<Ex(Ctx&, Ex, Ex)> f) {
+            std::function<Ex(Ctx&, Ex, Ex)> f,
+            std::source_location loc = std::source_location::current()) {
   for (const char* ov : overloads) {
     std::string n = std::string(name) + (*ov ? "." : "") + ov;
-    reg(n, [f](Ctx& c) -> V {
+    reg_at(loc, n, [f](Ctx& c) -> V {
       DType t = math_dtype(c);
       return {f(c, arg_as(c, 0, t), arg_as(c, 1, t))};
     });
   }
 }
 
-void compare(const char* name, Cmp dir) {
+void compare(const char* name, Cmp dir,
+             std::source_location loc = std::source_location::current()) {
   for (const char* ov : {".Tensor", ".Scalar"}) {
-    reg(std::string(name) + ov, [dir](Ctx& c) -> V {
+    reg_at(loc, std::string(name) + ov, [dir](Ctx& c) -> V {
       DType t = result_type({arg_operand(c, 0), arg_operand(c, 1)});
       return {arg_as(c, 0, t).cmp(dir, arg_as(c, 1, t))};
     });

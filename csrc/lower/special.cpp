@@ -36,14 +36,15 @@ Ex gt(const Ex& x, double v) { return x.cmp(Cmp::GT, x.k(v)); }
 // f evaluated in f64 on x, result back in x's dtype.
 Ex in_f64(const Ex& x, const Fn& f) { return f(x.to(DType::F64)).to(x.v.dtype()); }
 
-void unary(const char* name, Fn f) {
-  reg(name, [f](Ctx& c) -> V { return {f(arg_as(c, 0, math_dtype(c)))}; });
+void unary(const char* name, Fn f, std::source_location loc = std::source_location::current()) {
+  reg_at(loc, name, [f](Ctx& c) -> V { return {f(arg_as(c, 0, math_dtype(c)))}; });
 }
 // Tensor/Scalar overloads of a two-input function (args 0 and 1).
 void binary(const std::string& name, std::initializer_list<const char*> overloads,
-            std::function<Ex(Ex, Ex)> f) {
+            std::function<Ex(Ex, Ex)> f,
+            std::source_location loc = std::source_location::current()) {
   for (const char* ov : overloads) {
-    reg(name + (*ov ? "." : "") + ov, [f](Ctx& c) -> V {
+    reg_at(loc, name + (*ov ? "." : "") + ov, [f](Ctx& c) -> V {
       DType t = math_dtype(c);
       Ex x = arg_as(c, 0, t), y = arg_as(c, 1, t);
       return {f(Ex(c.b, broadcast_to(c.b, x, c.out(0).shape)),
