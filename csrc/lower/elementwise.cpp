@@ -19,11 +19,6 @@ using Fn = std::function<Ex(Ex)>;
 constexpr double kLn2 = 0.69314718055994530942;
 constexpr double kLn10 = 2.30258509299404568402;
 
-// Tensor or Scalar argument i as a value of dtype t.
-Ex arg_as(Ctx& c, int i, DType t) {
-  if (c.arg(i).isTensor()) return Ex(c.b, c.b.convert(c.in(i), t));
-  return Ex(c.b, c.scalar(i, t));
-}
 Operand arg_operand(Ctx& c, int i) {
   return c.arg(i).isTensor() ? operand(c.in(i)) : scalar_operand(c.arg(i));
 }

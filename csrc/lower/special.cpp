@@ -23,10 +23,6 @@ using Fn = std::function<Ex(Ex)>;
 constexpr double kEulerGamma = 0.57721566490153286061;
 constexpr double kLn2 = 0.69314718055994530942;
 
-Ex arg_as(Ctx& c, int i, DType t) {
-  if (c.arg(i).isTensor()) return Ex(c.b, c.b.convert(c.in(i), t));
-  return Ex(c.b, c.scalar(i, t));
-}
 Ex b_and(const Ex& x, const Ex& y) { return x.bin("and", y); }
 Ex b_or(const Ex& x, const Ex& y) { return x.bin("or", y); }
 Ex eq(const Ex& x, double v) { return x.cmp(Cmp::EQ, x.k(v)); }
