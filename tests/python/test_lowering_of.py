@@ -17,7 +17,7 @@ def _line(path: str, line: int) -> str:
 @pytest.mark.parametrize(
     "op, file, name",
     [
-        ("aten::gelu", "csrc/lower/elementwise.cpp", '"gelu"'),
+        ("aten::gelu", "csrc/lower/activation.cpp", '"gelu"'),
         ("aten::add.Tensor", "csrc/lower/elementwise.cpp", '"add"'),
         ("aten::max_pool2d_with_indices", "csrc/lower/pool.cpp", '"max_pool2d_with_indices"'),
         ("aten::lgamma", "csrc/lower/special.cpp", '"lgamma"'),
