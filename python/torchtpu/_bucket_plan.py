@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -176,6 +176,29 @@ def _generic(name: str, op: Any) -> str | None:
 
 def _random(op: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in op.tags
+
+
+def _plannable(op: Any) -> bool:
+    """Whether the planner lays out op's output when a padded value reaches it (the
+    checks ``Planner._plan`` and ``Planner._rule`` make, in their order)."""
+    name = op.overloadpacket.__name__
+    if name in _SYM_OPS:
+        return True
+    return not _random(op) and (name in _RULES or _generic(name, op) is not None)
+
+
+def ops_without_bucket_rule(names: Iterable[str]) -> list[str]:
+    """Of the ATen ops ``names`` ("add.Tensor", "gelu"), sorted, those no padded value
+    may reach: the planner raises ``Unsupported`` and the graph runs unbucketed. Names
+    PyTorch does not define are left out."""
+    out = []
+    for n in names:
+        base, _, overload = n.partition(".")
+        packet = getattr(torch.ops.aten, base, None)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if op is not None and not _plannable(op):
+            out.append(n)
+    return sorted(out)
 
 
 class Planner:
