@@ -50,8 +50,9 @@ device-tests: build
 	$(VPY) tests/device/run.py
 
 lint:
-	$(VENV)/bin/ruff check python tests bench examples
+	$(VENV)/bin/ruff check python tests bench examples tools
 	$(VENV)/bin/clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+	$(VPY) tools/check_layers.py
 
 format:
 	$(VENV)/bin/ruff format python tests bench examples
