@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.torchtpu-setup
 JOBS   ?= $(shell nproc)
 export TORCHTPU_JOBS := $(JOBS)
 
-.PHONY: setup build test test-cpp test-py demo bench conformance device-tests lint format clean
+.PHONY: setup build layers test test-cpp test-py demo bench conformance device-tests lint format clean
 
 setup: $(STAMP)
 
@@ -32,7 +32,11 @@ test-cpp: build
 test-py: build
 	$(VPY) -m pytest -q tests/python
 
-test: test-cpp test-py
+# The include layering (tools/check_layers.py): also part of `make lint`.
+layers:
+	$(VPY) tools/check_layers.py
+
+test: layers test-cpp test-py
 
 demo: build
 	$(VPY) examples/train_gpt.py
@@ -50,8 +54,9 @@ device-tests: build
 	$(VPY) tests/device/run.py
 
 lint:
-	$(VENV)/bin/ruff check python tests bench examples
+	$(VENV)/bin/ruff check python tests bench examples tools
 	$(VENV)/bin/clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+	$(VPY) tools/check_layers.py
 
 format:
 	$(VENV)/bin/ruff format python tests bench examples

@@ -248,6 +248,7 @@ const ForeachOp* foreach_op(const c10::FunctionSchema& s, std::vector<uint8_t>& 
 }
 
 const lower::Rule* foreach_rule(const ForeachOp& f) { return &f.rule; }
+const lower::Rule* foreach_element_rule(const ForeachOp& f) { return f.element; }
 
 CallOutputs foreach_outputs(const ForeachOp& f, const OpInfo& info, const torch::jit::Stack& args,
                             size_t first) {

@@ -42,5 +42,7 @@ std::string op_name(const c10::FunctionSchema& s);
 // op with a rule matches.
 const ForeachOp* foreach_op(const c10::FunctionSchema& s, std::vector<uint8_t>& scalar_arg);
 const lower::Rule* foreach_rule(const ForeachOp& f);
+// The rule of the element op that a foreach op applies (where it is registered).
+const lower::Rule* foreach_element_rule(const ForeachOp& f);
 
 }  // namespace torchtpu::aten

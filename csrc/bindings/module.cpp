@@ -189,6 +189,27 @@ PYBIND11_MODULE(_C, m) {
   m.def("has_lowering", &has_lowering,
         "Whether 'aten::name.overload' runs through a rule (its own, or its in-place/out= "
         "twin's).");
+  m.def(
+      "lowering_of",
+      [](const std::string& op) -> std::pair<std::string, int> {
+        const std::string q = op.find("::") == std::string::npos ? "aten::" + op : op;
+        const size_t dot = q.find('.', q.find("::"));
+        const std::string overload = dot == std::string::npos ? "" : q.substr(dot + 1);
+        auto h = c10::Dispatcher::singleton().findSchema({q.substr(0, dot), overload});
+        if (!h) throw py::key_error("[tpu] lowering_of: no operator " + q);
+        const OpInfo& info = op_info(*h);
+        if (!info.rule)
+          throw py::value_error("[tpu] lowering_of: " + q +
+                                " has no lowering rule (its own or its in-place/out= twin's)");
+        // A foreach op runs its element op's rule on each element.
+        auto loc = torchtpu::lower::rule_location(info.foreach ? foreach_element_rule(*info.foreach)
+                                                               : info.rule);
+        if (!loc) throw py::value_error("[tpu] lowering_of: no location recorded for " + q);
+        const size_t csrc = loc->first.rfind("csrc/");
+        return {csrc == std::string::npos ? loc->first : loc->first.substr(csrc), loc->second};
+      },
+      "(path from the repo root, line) where the rule that 'aten::name.overload' runs "
+      "through is registered; KeyError for no such op, ValueError for no rule.");
   m.def("count_compiled_graph", [] { metrics().compiled_graphs++; });
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,

@@ -1,4 +1,4 @@
-// Factory-like ops (arange, linspace, eye) and random fills. Random ops draw
+// Factory-like ops (arange, linspace, eye, zero tensors) and random fills. Random ops draw
 // Philox bits from the per-call generator state (ctx.rng_state).
 #include <cmath>
 #include <string>
@@ -126,6 +126,7 @@ TPU_LOWERING(creation_ranges) {
       return {c.b.compare(Cmp::EQ, c.b.iota(it, 0), c.b.iota(it, 1))};
     });
   }
+  reg("_efficientzerotensor", [](Ctx& c) -> V { return {c.b.splat(0, c.out(0))}; });
 }
 
 TPU_LOWERING(creation_random) {

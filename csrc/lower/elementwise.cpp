@@ -1,5 +1,6 @@
-// Elementwise ATen ops: arithmetic, math functions, activations (and their
-// backward ops), comparisons, logical/bitwise ops, fills.
+// Elementwise ATen ops: arithmetic, math functions (sigmoid, tanh and logit with
+// their backward ops among them; activation functions are in activation.cpp),
+// comparisons, isin, logical/bitwise ops, fills.
 #include <cmath>
 #include <functional>
 #include <string>
@@ -13,17 +14,13 @@ namespace torchtpu::lower {
 namespace {
 
 using hlo::Cmp;
+using hlo::Reducer;
 using V = std::vector<Value>;
 using Fn = std::function<Ex(Ex)>;
 
 constexpr double kLn2 = 0.69314718055994530942;
 constexpr double kLn10 = 2.30258509299404568402;
 
-// Tensor or Scalar argument i as a value of dtype t.
-Ex arg_as(Ctx& c, int i, DType t) {
-  if (c.arg(i).isTensor()) return Ex(c.b, c.b.convert(c.in(i), t));
-  return Ex(c.b, c.scalar(i, t));
-}
 Operand arg_operand(Ctx& c, int i) {
   return c.arg(i).isTensor() ? operand(c.in(i)) : scalar_operand(c.arg(i));
 }
@@ -38,29 +35,6 @@ Ex b_ne(const Ex& x, const Ex& y) { return x.bin("xor", y); }
 Ex as_bool(const Ex& x) { return x.v.dtype() == DType::Bool ? x : x.cmp(Cmp::NE, x.k(0)); }
 
 Ex trunc_(const Ex& x) { return where(is_neg(x), x.un("ceil"), x.un("floor")); }
-Ex sigmoid_(const Ex& x) { return x.un("logistic"); }
-Ex softplus_(const Ex& x, const Ex& beta, const Ex& threshold) {
-  Ex xb = x * beta;
-  return where(xb.cmp(Cmp::GT, threshold), x, xb.un("exponential").un("log_plus_one") / beta);
-}
-Ex gelu_(const Ex& x, bool tanh_approx) {
-  if (!tanh_approx) return x * 0.5 * (1.0 + erf_(x * M_SQRT1_2));
-  Ex inner = (x + x * x * x * 0.044715) * std::sqrt(2.0 / kPi);
-  return x * 0.5 * (1.0 + inner.un("tanh"));
-}
-Ex gelu_grad(const Ex& g, const Ex& x, bool tanh_approx) {
-  if (!tanh_approx) {
-    Ex cdf = 0.5 * (1.0 + erf_(x * M_SQRT1_2));
-    Ex pdf = (x * x * -0.5).un("exponential") * (1.0 / std::sqrt(2.0 * kPi));
-    return g * (cdf + x * pdf);
-  }
-  const double beta = std::sqrt(2.0 / kPi), kappa = 0.044715;
-  Ex x2 = x * x;
-  Ex th = ((x + x2 * x * kappa) * beta).un("tanh");
-  Ex right = 1.0 + th;
-  Ex dinner = (1.0 + x2 * (3.0 * kappa)) * beta;
-  return g * (right * 0.5 + x * 0.5 * (1.0 - th * th) * dinner);
-}
 
 // Float math functions on a value already in the compute dtype.
 const std::vector<std::pair<const char*, Fn>>& float_unary() {
@@ -115,9 +89,7 @@ const std::vector<std::pair<const char*, Fn>>& float_unary() {
       {"erf", erf_},
       {"erfc", erfc_},
       {"erfinv", erfinv_},
-      {"sigmoid", sigmoid_},
-      {"silu", [](Ex x) { return x * sigmoid_(x); }},
-      {"mish", [](Ex x) { return x * softplus_(x, x.k(1), x.k(20)).un("tanh"); }},
+      {"sigmoid", [](Ex x) { return x.un("logistic"); }},
       {"frac", [](Ex x) { return x - trunc_(x); }},
   };
   return t;
@@ -143,7 +115,6 @@ const std::vector<std::pair<const char*, Fn>>& any_unary() {
       {"round", [](Ex x) { return is_float(x.v.dtype()) ? x.un("round_nearest_even") : x; }},
       {"trunc", [](Ex x) { return is_float(x.v.dtype()) ? trunc_(x) : x; }},
       {"fix", [](Ex x) { return is_float(x.v.dtype()) ? trunc_(x) : x; }},
-      {"relu", [](Ex x) { return maximum(x, x.k(0)); }},
       {"bitwise_not", [](Ex x) { return x.un("not"); }},
       {"clone", [](Ex x) { return x; }},
       {"positive", [](Ex x) { return x; }},
@@ -180,19 +151,21 @@ Ex py_remainder(const Ex& a, const Ex& b) {
 // Registers `name` for each overload suffix with a two-input body; inputs at
 // args 0 and 1 (Tensor or Scalar) come converted to the compute dtype.
 void binary(const char* name, std::initializer_list<const char*> overloads,
-            std::function<Ex(Ctx&, Ex, Ex)> f) {
+            std::function<Ex(Ctx&, Ex, Ex)> f,
+            std::source_location loc = std::source_location::current()) {
   for (const char* ov : overloads) {
     std::string n = std::string(name) + (*ov ? "." : "") + ov;
-    reg(n, [f](Ctx& c) -> V {
+    reg_at(loc, n, [f](Ctx& c) -> V {
       DType t = math_dtype(c);
       return {f(c, arg_as(c, 0, t), arg_as(c, 1, t))};
     });
   }
 }
 
-void compare(const char* name, Cmp dir) {
+void compare(const char* name, Cmp dir,
+             std::source_location loc = std::source_location::current()) {
   for (const char* ov : {".Tensor", ".Scalar"}) {
-    reg(std::string(name) + ov, [dir](Ctx& c) -> V {
+    reg_at(loc, std::string(name) + ov, [dir](Ctx& c) -> V {
       DType t = result_type({arg_operand(c, 0), arg_operand(c, 1)});
       return {arg_as(c, 0, t).cmp(dir, arg_as(c, 1, t))};
     });
@@ -335,34 +308,6 @@ TPU_LOWERING(elementwise_unary) {
     reg(name, [f](Ctx& c) -> V { return {f(arg_as(c, 0, math_dtype(c)))}; });
   }
   reg("sgn", *find_rule("sign"));
-  reg("gelu", [](Ctx& c) -> V {
-    return {gelu_(arg_as(c, 0, math_dtype(c)), c.arg(1).toStringRef() == "tanh")};
-  });
-  reg("elu", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex x = arg_as(c, 0, t), alpha = arg_as(c, 1, t), scale = arg_as(c, 2, t),
-       iscale = arg_as(c, 3, t);
-    Ex neg = (x * iscale).un("exponential_minus_one") * alpha * scale;
-    return {where(x.cmp(Cmp::GT, x.k(0)), x * scale, neg)};
-  });
-  reg("leaky_relu", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex x = arg_as(c, 0, t);
-    return {where(x.cmp(Cmp::GT, x.k(0)), x, x * arg_as(c, 1, t))};
-  });
-  reg("hardtanh", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    return {minimum(maximum(arg_as(c, 0, t), arg_as(c, 1, t)), arg_as(c, 2, t))};
-  });
-  reg("softplus", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    return {softplus_(arg_as(c, 0, t), arg_as(c, 1, t), arg_as(c, 2, t))};
-  });
-  reg("threshold", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex x = arg_as(c, 0, t);
-    return {where(x.cmp(Cmp::LE, arg_as(c, 1, t)), arg_as(c, 2, t), x)};
-  });
   // (self, eps?): log(x / (1 - x)) with x clamped to [eps, 1 - eps].
   reg("logit", [](Ctx& c) -> V {
     Ex x = arg_as(c, 0, math_dtype(c));
@@ -379,48 +324,10 @@ TPU_LOWERING(elementwise_unary) {
     Ex out = b_or(x.cmp(Cmp::LT, x.k(eps)), x.cmp(Cmp::GT, x.k(1.0 - eps)));
     return {where(out, x.k(0), d)};
   });
-  // log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)); the buffer is unused.
-  reg("log_sigmoid_forward", [](Ctx& c) -> V {
-    Ex x = arg_as(c, 0, math_dtype(c));
-    Ex r = minimum(x, x.k(0)) - (-x.un("abs")).un("exponential").un("log_plus_one");
-    return {r, c.b.splat(0, c.out(1))};
-  });
-  reg("log_sigmoid_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    return {arg_as(c, 0, t) * sigmoid_(-arg_as(c, 1, t))};
-  });
-  reg("hardsigmoid", [](Ctx& c) -> V {
-    Ex x = arg_as(c, 0, math_dtype(c));
-    return {minimum(maximum(x + 3.0, x.k(0)), x.k(6)) / 6.0};
-  });
-  reg("hardswish", [](Ctx& c) -> V {
-    Ex x = arg_as(c, 0, math_dtype(c));
-    return {x * minimum(maximum(x + 3.0, x.k(0)), x.k(6)) / 6.0};
-  });
 }
 
 TPU_LOWERING(elementwise_backward) {
-  // (grad_output, self_or_result, ...) -> grad_input.
-  reg("gelu_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    return {gelu_grad(arg_as(c, 0, t), arg_as(c, 1, t), c.arg(2).toStringRef() == "tanh")};
-  });
-  reg("silu_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t), s = sigmoid_(x);
-    return {g * s * (1.0 + x * (1.0 - s))};
-  });
-  reg("mish_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
-    Ex th = softplus_(x, x.k(1), x.k(20)).un("tanh");
-    return {g * (th + x * sigmoid_(x) * (1.0 - th * th))};
-  });
-  reg("threshold_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
-    return {where(x.cmp(Cmp::LE, arg_as(c, 2, t)), g.k(0), g)};
-  });
+  // (grad_output, result) -> grad_input.
   reg("tanh_backward", [](Ctx& c) -> V {
     DType t = math_dtype(c);
     Ex g = arg_as(c, 0, t), y = arg_as(c, 1, t);
@@ -430,44 +337,6 @@ TPU_LOWERING(elementwise_backward) {
     DType t = math_dtype(c);
     Ex g = arg_as(c, 0, t), y = arg_as(c, 1, t);
     return {g * (1.0 - y) * y};
-  });
-  reg("elu_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex g = arg_as(c, 0, t), alpha = arg_as(c, 1, t), scale = arg_as(c, 2, t),
-       iscale = arg_as(c, 3, t), x = arg_as(c, 5, t);
-    Ex nonpos = x.cmp(Cmp::LE, x.k(0));
-    if (c.flag(4))  // x is the forward result
-      return {where(nonpos, g * iscale * (x + alpha * scale), g * scale)};
-    return {where(nonpos, g * iscale * alpha * scale * (x * iscale).un("exponential"), g * scale)};
-  });
-  reg("leaky_relu_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
-    return {where(x.cmp(Cmp::GT, x.k(0)), g, g * arg_as(c, 2, t))};
-  });
-  reg("hardtanh_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
-    Ex out = b_or(x.cmp(Cmp::LE, arg_as(c, 2, t)), x.cmp(Cmp::GE, arg_as(c, 3, t)));
-    return {where(out, g.k(0), g)};
-  });
-  reg("softplus_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t), beta = arg_as(c, 2, t);
-    Ex xb = x * beta, z = xb.un("exponential");
-    return {where(xb.cmp(Cmp::GT, arg_as(c, 3, t)), g, g * z / (z + 1.0))};
-  });
-  reg("hardsigmoid_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
-    Ex in = b_and(x.cmp(Cmp::GT, x.k(-3)), x.cmp(Cmp::LT, x.k(3)));
-    return {where(in, g / 6.0, g.k(0))};
-  });
-  reg("hardswish_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Ex g = arg_as(c, 0, t), x = arg_as(c, 1, t);
-    Ex mid = where(x.cmp(Cmp::LE, x.k(3)), g * (x / 3.0 + 0.5), g);
-    return {where(x.cmp(Cmp::LT, x.k(-3)), g.k(0), mid)};
   });
 }
 
@@ -564,6 +433,26 @@ TPU_LOWERING(elementwise_logic) {
     x = where(x.cmp(Cmp::EQ, x.k(INFINITY)), x.k(pinf), x);
     return {where(x.cmp(Cmp::EQ, x.k(-INFINITY)), x.k(ninf), x)};
   });
+  // isin(elements, test_elements, *, assume_unique, invert), tensor or scalar sides.
+  for (const char* n : {"isin.Tensor_Tensor", "isin.Tensor_Scalar", "isin.Scalar_Tensor"}) {
+    reg(n, [](Ctx& c) -> V {
+      Builder& b = c.b;
+      auto as_val = [&](int i) {
+        return c.arg(i).isTensor() ? c.in(i) : c.scalar(i, c.in(i == 0 ? 1 : 0).dtype());
+      };
+      Value e = as_val(0), tv = as_val(1);
+      DType t = promote(e.dtype(), tv.dtype());
+      int64_t nt = tv.type.numel();
+      Shape es = e.shape();
+      es.push_back(1);
+      Ex lhs(b, b.reshape(b.convert(e, t), es));
+      Ex rhs(b, b.reshape(b.convert(tv, t), {nt}));
+      Ex hit = lhs.cmp(Cmp::EQ, rhs);
+      Value any = b.reduce(hit.v, b.constant(0, DType::Bool), {static_cast<int64_t>(es.size()) - 1},
+                           Reducer::Or);
+      return {c.flag(3) ? b.unary("not", any) : any};
+    });
+  }
 }
 
 TPU_LOWERING(elementwise_select) {

@@ -91,6 +91,11 @@ Ex singular_values(const Ex& a);
 
 // Argument i converted to t.
 inline Ex in_as(Ctx& c, int i, DType t) { return Ex(c.b, c.b.convert(c.in(i), t)); }
+// Tensor or Scalar argument i as a value of dtype t.
+inline Ex arg_as(Ctx& c, int i, DType t) {
+  if (c.arg(i).isTensor()) return Ex(c.b, c.b.convert(c.in(i), t));
+  return Ex(c.b, c.scalar(i, t));
+}
 // The dtype an op computes in: its output's, widened for half types.
 inline DType math_dtype(Ctx& c, int k = 0) { return compute_dtype(c.out(k).dtype); }
 

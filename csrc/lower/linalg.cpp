@@ -1,7 +1,8 @@
 // Linear algebra: triangular solves and Cholesky (StableHLO ops), partial-pivot
 // LU in a while loop (LAPACK getrf semantics) and what builds on it: solve,
-// inverse, determinants, lu_unpack/lu_solve; cross products.
+// inverse, determinants, lu_unpack/lu_solve; cross products; matrix_exp.
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -368,6 +369,43 @@ TPU_LOWERING(linalg_cross) {
     Ex y0 = comp(y, 0), y1 = comp(y, 1), y2 = comp(y, 2);
     return {
         c.b.concatenate({(x1 * y2 - x2 * y1).v, (x2 * y0 - x0 * y2).v, (x0 * y1 - x1 * y0).v}, d)};
+  });
+}
+
+TPU_LOWERING(linalg_matrix_exp) {
+  // linalg_matrix_exp: Taylor series (degree 18, f64) of A / 2^s with
+  // ||A / 2^s||_inf <= 1/2, then s squarings (per matrix, in a while loop).
+  reg("linalg_matrix_exp", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_dtype(c.out(0).dtype);
+    Ex a(b, b.convert(c.in(0), DType::F64));
+    const Shape& s = a.v.shape();
+    int64_t r = a.v.rank();
+    if (a.v.type.numel() == 0) return {b.splat(0, c.out(0))};
+    Ex rows(b, b.iota(Type{DType::I64, s}, r - 2)), cols(b, b.iota(Type{DType::I64, s}, r - 1));
+    Ex eye = where(rows.cmp(Cmp::EQ, cols), a.k(1), a.k(0));
+    Ex rowsum(b, reduce_sum(b, a.un("abs").v, {r - 1}, true));
+    Ex nrm(b, b.reduce(rowsum.v, b.constant(0, DType::F64), {r - 2}, Reducer::Max));
+    Shape ns = nrm.v.shape();
+    ns.push_back(1);
+    nrm = Ex(b, b.reshape(nrm.v, ns));  // [..., 1, 1]
+    Ex sq = maximum((nrm.un("log") * (1.0 / std::log(2.0))).un("ceil") + 1.0, nrm.k(0));
+    sq = minimum(sq, sq.k(1100));
+    Ex x = a / sq.k(2).bin("power", sq);
+    Ex e = eye;
+    for (int k = 18; k >= 1; --k)
+      e = eye + Ex(b, matmul(b, x.v, e.v, DType::F64)) / static_cast<double>(k);
+    Ex smax(b,
+            b.reduce(sq.v, b.constant(0, DType::F64), reduce_dims({}, sq.v.rank()), Reducer::Max));
+    std::vector<Value> out = b.while_loop(
+        {b.constant(0, DType::F64), e.v},
+        [&](const V& st) { return Ex(b, st[0]).cmp(Cmp::LT, smax).v; },
+        [&](const V& st) {
+          Ex j(b, st[0]), m(b, st[1]);
+          Ex m2(b, matmul(b, m.v, m.v, DType::F64));
+          return V{(j + 1.0).v, where(j.cmp(Cmp::LT, sq), m2, m).v};
+        });
+    return {b.convert(out[1], t)};
   });
 }
 

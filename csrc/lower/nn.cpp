@@ -1,4 +1,4 @@
-// Neural-network ops: matmuls, layer norm, dropout, losses, embedding backward.
+// Neural-network ops: matmuls, layer/batch/group norm, weight norm, dropout, losses.
 #include <ATen/ops/empty.h>
 
 #include <string>
@@ -107,6 +107,33 @@ TPU_LOWERING(nn_layer_norm) {
     out.push_back(mask.get(1) ? sum(g * xhat, lead).v : zeros(c, 1).v);
     out.push_back(mask.get(2) ? sum(g, lead).v : zeros(c, 2).v);
     return out;
+  });
+}
+
+TPU_LOWERING(nn_weight_norm) {
+  // Weight norm w = v * g / ||v||, the norm taken over every dim but `dim`
+  // (norms has g's shape). nn.utils.weight_norm on tpu reaches these.
+  auto except_dim = [](int64_t rank, int64_t dim) {
+    std::vector<int64_t> dims;
+    for (int64_t k = 0; k < rank; ++k)
+      if (k != wrap_dim(dim, rank)) dims.push_back(k);
+    return dims;
+  };
+  reg("_weight_norm_interface", [except_dim](Ctx& c) -> V {
+    DType t = math_dtype(c, 1);
+    Ex v = in_as(c, 0, t), g = in_as(c, 1, t);
+    auto dims = except_dim(v.v.rank(), c.i64(2));
+    Ex norms = Ex(c.b, reduce_sum(c.b, (v * v).v, dims, true)).un("sqrt");
+    return {v * (g / norms), norms};
+  });
+  // (grad_w, v, g, norms, dim) -> (grad_v, grad_g)
+  reg("_weight_norm_interface_backward", [except_dim](Ctx& c) -> V {
+    DType t = math_dtype(c, 1);
+    Ex gw = in_as(c, 0, t), v = in_as(c, 1, t), g = in_as(c, 2, t), norms = in_as(c, 3, t);
+    auto dims = except_dim(v.v.rank(), c.i64(4));
+    Ex dot(c.b, reduce_sum(c.b, (gw * v).v, dims, true));
+    Ex grad_v = (g / norms) * (gw - v * (dot / (norms * norms)));
+    return {grad_v, dot / norms};
   });
 }
 
@@ -413,30 +440,6 @@ TPU_LOWERING(nn_losses) {
     if (!c.is_none(3)) d = d * in_as(c, 3, t);
     if (c.i64(4) == 1) d = d / static_cast<double>(c.out(0).numel());
     return {d};
-  });
-}
-
-// (grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
-TPU_LOWERING(nn_embedding) {
-  // (grad, indices, num_weights, ...): indices must be below num_weights.
-  spec("embedding_dense_backward", {.index_checks = {{IndexCheck::SizeArg, 2, -1, 1}}});
-  reg("embedding_dense_backward", [](Ctx& c) -> V {
-    DType t = math_dtype(c);
-    Builder& b = c.b;
-    Value g = b.convert(c.in(0), t), idx = b.convert(c.in(1), DType::I64);
-    int64_t m = idx.type.numel(), d = g.type.numel() / std::max<int64_t>(m, 1);
-    int64_t nw = c.i64(2), pad = c.i64(3);
-    g = b.reshape(g, {m, d});
-    idx = b.reshape(idx, {m});
-    Ex gi(b, g), ix(b, idx);
-    if (pad >= 0) gi = where(Ex(b, b.reshape(ix.cmp(Cmp::NE, ix.k(pad)).v, {m, 1})), gi, gi.k(0));
-    if (c.flag(4)) {
-      Value ones = b.splat(1, Type{t, {m}});
-      Value cnt = b.scatter_along(b.splat(0, Type{t, {nw}}), idx, ones, 0, true);
-      Ex per(b, b.reshape(b.index_select(cnt, idx, 0), {m, 1}));
-      gi = gi / per;
-    }
-    return {b.scatter_slices(b.splat(0, Type{t, {nw, d}}), idx, gi.v, 0, true)};
   });
 }
 

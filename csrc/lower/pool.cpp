@@ -158,9 +158,10 @@ Value scatter_by_index(Builder& b, Value gy, Value indices, const Shape& in_shap
   return b.reshape(gx, in_shape);
 }
 
-void max_pool(const std::string& name, int64_t nd) {
+void max_pool(const std::string& name, int64_t nd,
+              std::source_location loc = std::source_location::current()) {
   // (self, kernel_size, stride, padding, dilation, ceil_mode) -> (out, indices)
-  reg(name, [nd](Ctx& c) -> V {
+  reg_at(loc, name, [nd](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
     Pool g = pool_geom(x, c.out(0).shape, nd, c.ints(1), c.ints(2), c.ints(3), c.ints(4));
@@ -169,15 +170,16 @@ void max_pool(const std::string& name, int64_t nd) {
     return {m, i};
   });
   // (grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices)
-  reg(name + "_backward", [nd](Ctx& c) -> V {
+  reg_at(loc, name + "_backward", [nd](Ctx& c) -> V {
     return {scatter_by_index(c.b, c.in(0), c.in(7), c.in(1).shape(), nd,
                              compute_dtype(c.out(0).dtype))};
   });
 }
 
-void avg_pool(const std::string& name, int64_t nd) {
+void avg_pool(const std::string& name, int64_t nd,
+              std::source_location loc = std::source_location::current()) {
   // (self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override?)
-  reg(name, [nd](Ctx& c) -> V {
+  reg_at(loc, name, [nd](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_dtype(c.out(0).dtype);
     Value x = b.convert(c.in(0), t);
@@ -187,7 +189,7 @@ void avg_pool(const std::string& name, int64_t nd) {
   });
   // (grad_output, self, kernel_size, stride, padding, ceil_mode,
   //  count_include_pad, divisor_override?)
-  reg(name + "_backward", [nd](Ctx& c) -> V {
+  reg_at(loc, name + "_backward", [nd](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_dtype(c.out(0).dtype);
     Value x = c.in(1);
@@ -210,9 +212,10 @@ void avg_pool(const std::string& name, int64_t nd) {
   });
 }
 
-void adaptive_avg(const std::string& name, int64_t nd) {
+void adaptive_avg(const std::string& name, int64_t nd,
+                  std::source_location loc = std::source_location::current()) {
   // (self, output_size): separable averaging matrices (equal bins included).
-  reg(name, [nd](Ctx& c) -> V {
+  reg_at(loc, name, [nd](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_dtype(c.out(0).dtype);
     Value x = b.convert(c.in(0), t);
@@ -234,7 +237,7 @@ void adaptive_avg(const std::string& name, int64_t nd) {
     return {x};
   });
   // (grad_output, self)
-  reg(name + "_backward", [nd](Ctx& c) -> V {
+  reg_at(loc, name + "_backward", [nd](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_dtype(c.out(0).dtype);
     Value gy = b.convert(c.in(0), t);

@@ -1,6 +1,8 @@
-// Reductions, scans and softmax-family ops.
+// Reductions, scans (cummax/cummin too), median/nanmedian/mode, var/std, norms and
+// renorm, and softmax-family ops.
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lower/helpers.h"
@@ -89,6 +91,32 @@ Ex scan(const Ex& x, int64_t dim_arg, Reducer r) {
   return Ex(b, b.reduce_window(v, reduce_init(b, r, v.dtype()), r, win, {}, lo, hi));
 }
 
+// Running max/min along dim with the index of the element that set it: the
+// last one among equals and the last NaN once a NaN appeared (torch's CPU
+// cummax/cummin). For position i: arg-extreme over j <= i, scanned from i
+// down so that ties and NaNs pick the largest j.
+std::pair<Value, Value> cum_extreme(Builder& b, Value x, int64_t dim, bool is_max) {
+  int64_t r = x.rank(), n = x.shape()[dim];
+  // [..., i, j, ...] with j reversed: element (i, j) holds x[n - 1 - j].
+  Shape big = x.shape();
+  big.insert(big.begin() + dim, n);
+  std::vector<int64_t> dims;
+  for (int64_t k = 0; k < r; ++k) dims.push_back(k < dim ? k : k + 1);
+  Value xr = b.broadcast_in_dim(b.reverse(x, {dim}), big, dims);
+  Type it{DType::I64, big};
+  Ex i(b, b.iota(it, dim)), j(b, b.iota(it, dim + 1));
+  Ex src = (j.k(static_cast<double>(n - 1)) - j);
+  Ex valid = src.cmp(Cmp::LE, i);
+  double fill = is_max ? -INFINITY : INFINITY;
+  Value init = is_float(x.dtype()) ? b.splat(fill, Type{x.dtype(), big})
+                                   : b.splat(is_max ? -9.0e18 : 9.0e18, Type{x.dtype(), big});
+  if (x.dtype() == DType::Bool) init = b.splat(is_max ? 0 : 1, Type{x.dtype(), big});
+  Value masked = where(valid, Ex(b, xr), Ex(b, init));
+  auto [m, a] = b.reduce_arg(masked, dim + 1, is_max);
+  Ex idx = Ex(b, a).k(static_cast<double>(n - 1)) - Ex(b, a);
+  return {m, idx};
+}
+
 TPU_LOWERING(reduce_sum_mean) {
   // Overloads with a dims argument at position 1 (others reduce everything).
   const std::pair<const char*, bool> sums[] = {
@@ -127,6 +155,17 @@ TPU_LOWERING(reduce_sum_mean) {
       Ex m = reduce(x, {dim}, Reducer::Max, true);
       m = where(m.un("abs").cmp(Cmp::EQ, m.k(INFINITY)), m.k(0), m);
       return {scan((x - m).un("exponential"), dim, Reducer::Add).un("log") + m};
+    });
+  }
+  // _cummax_helper(self, values(a!), indices(b!), dim) -> ()
+  for (auto [name, mx] : {std::pair{"_cummax_helper", true}, std::pair{"_cummin_helper", false}}) {
+    bool is_max = mx;
+    reg(name, [is_max](Ctx& c) -> V {
+      Value x = at_least_1d(c.b, c.in(0));
+      auto [m, i] = cum_extreme(c.b, x, wrap_dim(c.i64(3), x.rank()), is_max);
+      c.update(1, m);
+      c.update(2, i);
+      return {};
     });
   }
   reg("trace", [](Ctx& c) -> V {
@@ -222,6 +261,67 @@ TPU_LOWERING(reduce_minmax) {
       return {b.slice(s[0], lo, hi, {}), b.slice(s[1], lo, hi, {})};
     });
   }
+  // nanmedian(): the lower middle of the non-NaN values (NaN if none).
+  reg("nanmedian", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    int64_t n = x.type.numel();
+    Ex s(b, b.sort({b.reshape(x, {n})}, 0, false)[0]);
+    Ex cnt(b, b.reduce(s.cmp(Cmp::EQ, s).to(DType::I64).v, b.constant_int(0, DType::I64), {0},
+                       Reducer::Add));
+    Ex k = maximum(cnt - 1.0, cnt.k(0)) / 2.0;
+    return {b.reshape(b.gather_flat(s, b.reshape(k.v, {1})), {})};
+  });
+  // nanmedian.dim(self, dim, keepdim) -> (values, indices)
+  reg("nanmedian.dim", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = at_least_1d(b, c.in(0));
+    int64_t dim = wrap_dim(c.i64(1), x.rank());
+    auto s = b.sort({x, b.iota(Type{DType::I64, x.shape()}, dim)}, dim, false);
+    Ex sv(b, s[0]);
+    Ex cnt(b, reduce_sum(b, sv.cmp(Cmp::EQ, sv).to(DType::I64).v, {dim}, true));
+    Ex k = maximum(cnt - 1.0, cnt.k(0)) / 2.0;
+    return {b.take_along(s[0], k, dim), b.take_along(s[1], k, dim)};
+  });
+  // mode(self, dim, keepdim) -> (values, indices): the value of the longest
+  // run of equals after sorting (the smallest on ties), with the original
+  // index of its last element in the stable sort.
+  reg("mode", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = at_least_1d(b, c.in(0));
+    int64_t r = x.rank(), dim = wrap_dim(c.i64(1), r), n = x.shape()[dim];
+    auto s = b.sort({x, b.iota(Type{DType::I64, x.shape()}, dim)}, dim, false);
+    Ex sv(b, s[0]);
+    // count[i] = how many sorted entries equal entry i ([.., i, j, ..] pairs).
+    Shape big = x.shape();
+    big.insert(big.begin() + dim + 1, n);
+    std::vector<int64_t> di, dj;
+    for (int64_t k = 0; k < r; ++k) {
+      di.push_back(k <= dim ? k : k + 1);
+      dj.push_back(k < dim ? k : k + 1);
+    }
+    Ex si(b, b.broadcast_in_dim(sv.v, big, di)), sj(b, b.broadcast_in_dim(sv.v, big, dj));
+    Ex cnt(b, reduce_sum(b, si.cmp(Cmp::EQ, sj).to(DType::I64).v, {dim + 1}, false));
+    // Only a run's last entry scores.
+    Ex pos(b, b.iota(Type{DType::I64, x.shape()}, dim));
+    Shape lo(r, 0), hi = x.shape();
+    lo[dim] = 1;
+    Ex next(b, b.concatenate({b.slice(sv.v, lo, hi, {}), b.slice(sv.v, Shape(r, 0),
+                                                                 [&] {
+                                                                   Shape h = x.shape();
+                                                                   h[dim] = 1;
+                                                                   return h;
+                                                                 }(),
+                                                                 {})},
+                             dim));
+    Ex last = pos.cmp(Cmp::EQ, pos.k(static_cast<double>(n - 1))).bin("or", sv.cmp(Cmp::NE, next));
+    Ex score = where(last, cnt, cnt.k(0));
+    Value at = b.reduce_arg(score.v, dim, true).second;
+    Shape ks = x.shape();
+    ks[dim] = 1;
+    Value k = b.reshape(at, ks);
+    return {b.take_along(s[0], k, dim), b.take_along(s[1], k, dim)};
+  });
   for (const char* n : {"any", "any.dim", "any.dims", "all", "all.dim", "all.dims"}) {
     Reducer r = n[1] == 'n' ? Reducer::Or : Reducer::And;
     bool hd = std::string(n).find('.') != std::string::npos;
@@ -261,6 +361,23 @@ TPU_LOWERING(reduce_stats) {
       return {vector_norm(x, dims, false, p)};
     });
   }
+  // (self, p, dim, maxnorm): slices along dim with p-norm above maxnorm are
+  // scaled down to it.
+  reg("renorm", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Ex x = in_as(c, 0, t);
+    int64_t dim = wrap_dim(c.i64(2), x.v.rank());
+    std::vector<int64_t> dims;
+    for (int64_t k = 0; k < x.v.rank(); ++k)
+      if (k != dim) dims.push_back(k);
+    Ex p(c.b, c.scalar(1, t)), maxnorm(c.b, c.scalar(3, t));
+    Ex sum(c.b, reduce_sum(c.b, x.un("abs").bin("power", p).v, dims, true));
+    Ex amax(c.b, c.b.reduce(x.un("abs").v, c.b.constant(0, t), dims, Reducer::Max));
+    amax = Ex(c.b, c.b.reshape(amax.v, sum.v.shape()));
+    Ex norm = where(p.cmp(Cmp::EQ, p.k(INFINITY)), amax, sum.bin("power", 1.0 / p));
+    Ex factor = where(norm.cmp(Cmp::GT, maxnorm), maxnorm / (norm + 1e-7), norm.k(1));
+    return {x * factor};
+  });
 }
 
 TPU_LOWERING(reduce_softmax) {

@@ -6,7 +6,9 @@
 
 #include <functional>
 #include <optional>
+#include <source_location>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hlo/builder.h"
@@ -71,9 +73,14 @@ class Ctx {
 // reshapes to out(k)); the executor casts to out(k).dtype.
 using Rule = std::function<std::vector<Value>(Ctx&)>;
 
-void register_rule(const std::string& op, Rule rule);
+// `loc` is where the rule was registered (see rule_location).
+void register_rule(const std::string& op, Rule rule,
+                   std::source_location loc = std::source_location::current());
 const Rule* find_rule(const std::string& op);
 std::vector<std::string> registered_ops();
+// Source file (as the compiler saw it) and line that registered `rule`, a
+// pointer from find_rule; nullopt for a rule not in the table (a foreach op's).
+std::optional<std::pair<std::string, int>> rule_location(const Rule* rule);
 
 // Registers rules at static-initialization time:
 //   TPU_LOWERING(relu) { reg("relu", [](Ctx& c) -> std::vector<Value> { ... }); }
@@ -85,6 +92,15 @@ struct Registrar {
   static ::torchtpu::lower::Registrar tpu_registrar_##tag(&tpu_lowering_##tag); \
   static void tpu_lowering_##tag()
 
-inline void reg(const std::string& op, Rule r) { register_rule(op, std::move(r)); }
+inline void reg(const std::string& op, Rule r,
+                std::source_location loc = std::source_location::current()) {
+  register_rule(op, std::move(r), loc);
+}
+// For helpers that register rules named by their caller (`binary("add", ...)`):
+// they take a defaulted `loc` too and pass it here, so the rule points at the
+// line that names its op.
+inline void reg_at(std::source_location loc, const std::string& op, Rule r) {
+  register_rule(op, std::move(r), loc);
+}
 
 }  // namespace torchtpu::lower

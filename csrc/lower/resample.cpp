@@ -224,14 +224,15 @@ std::vector<Axis> interp_axes(Ctx& c, const Shape& in, const Shape& out, int ali
 
 // ---------------------------------------------------------------- rules
 
-void reg_pad(const std::string& name, bool reflect) {
+void reg_pad(const std::string& name, bool reflect,
+             std::source_location loc = std::source_location::current()) {
   // (self, padding)
-  reg(name, [reflect](Ctx& c) -> V {
+  reg_at(loc, name, [reflect](Ctx& c) -> V {
     Value x = c.in(0);
     return {gather_axes(c.b, x, pad_axes(c.b, x.shape(), c.ints(1), reflect))};
   });
   // (grad_output, self, padding)
-  reg(name + "_backward", [reflect](Ctx& c) -> V {
+  reg_at(loc, name + "_backward", [reflect](Ctx& c) -> V {
     Builder& b = c.b;
     const Shape& in = c.out(0).shape;
     Value gy = b.convert(c.in(0), compute_dtype(c.out(0).dtype));
@@ -239,14 +240,15 @@ void reg_pad(const std::string& name, bool reflect) {
   });
 }
 
-void reg_nearest(const std::string& name, int64_t k, bool exact) {
+void reg_nearest(const std::string& name, int64_t k, bool exact,
+                 std::source_location loc = std::source_location::current()) {
   // (self, output_size, scales...)
-  reg(name, [k, exact](Ctx& c) -> V {
+  reg_at(loc, name, [k, exact](Ctx& c) -> V {
     Value x = c.in(0);
     return {gather_axes(c.b, x, nearest_axes(c, x.shape(), c.out(0).shape, 2, k, exact))};
   });
   // (grad_output, output_size, input_size, scales...)
-  reg(name + "_backward", [k, exact](Ctx& c) -> V {
+  reg_at(loc, name + "_backward", [k, exact](Ctx& c) -> V {
     Builder& b = c.b;
     const Shape& in = c.out(0).shape;
     Value gy = b.convert(c.in(0), compute_dtype(c.out(0).dtype));
@@ -254,9 +256,10 @@ void reg_nearest(const std::string& name, int64_t k, bool exact) {
   });
 }
 
-void reg_interp(const std::string& name, int64_t k, bool cubic, bool aa = false) {
+void reg_interp(const std::string& name, int64_t k, bool cubic, bool aa = false,
+                std::source_location loc = std::source_location::current()) {
   // (self, output_size, align_corners, scales...)
-  reg(name, [k, cubic, aa](Ctx& c) -> V {
+  reg_at(loc, name, [k, cubic, aa](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_dtype(c.out(0).dtype);
     Value x = b.convert(c.in(0), t);
@@ -265,7 +268,7 @@ void reg_interp(const std::string& name, int64_t k, bool cubic, bool aa = false)
     return {x};
   });
   // (grad_output, output_size, input_size, align_corners, scales...)
-  reg(name + "_backward", [k, cubic, aa](Ctx& c) -> V {
+  reg_at(loc, name + "_backward", [k, cubic, aa](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_dtype(c.out(0).dtype);
     Value g = b.convert(c.in(0), t);

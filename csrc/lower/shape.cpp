@@ -1,5 +1,5 @@
 // Shape-changing ops that copy data: cat/stack, triangles, flip/roll,
-// repeat, padding, sort/topk. (Pure view ops are handled by the executor.)
+// repeat, padding, sort/topk, channel_shuffle. (Pure view ops are handled by the executor.)
 #include <string>
 #include <vector>
 
@@ -140,6 +140,19 @@ TPU_LOWERING(shape_ops) {
     hi[dim] = k;
     return {b.slice(s[0], lo, hi, {}), b.slice(s[1], lo, hi, {})};
   });
+  // (self, groups): [N, g, C/g, ...] -> [N, C/g, g, ...].
+  for (const char* n : {"channel_shuffle", "native_channel_shuffle"}) {
+    reg(n, [](Ctx& c) -> V {
+      Value x = c.in(0);
+      int64_t g = c.i64(1), ch = x.shape()[1];
+      Shape s = x.shape();
+      s[1] = ch / g;
+      s.insert(s.begin() + 1, g);
+      std::vector<int64_t> perm{0, 2, 1};
+      for (int64_t k = 3; k < static_cast<int64_t>(s.size()); ++k) perm.push_back(k);
+      return {c.b.reshape(c.b.transpose(c.b.reshape(x, s), perm), x.shape())};
+    });
+  }
 }
 
 }  // namespace

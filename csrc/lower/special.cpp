@@ -23,10 +23,6 @@ using Fn = std::function<Ex(Ex)>;
 constexpr double kEulerGamma = 0.57721566490153286061;
 constexpr double kLn2 = 0.69314718055994530942;
 
-Ex arg_as(Ctx& c, int i, DType t) {
-  if (c.arg(i).isTensor()) return Ex(c.b, c.b.convert(c.in(i), t));
-  return Ex(c.b, c.scalar(i, t));
-}
 Ex b_and(const Ex& x, const Ex& y) { return x.bin("and", y); }
 Ex b_or(const Ex& x, const Ex& y) { return x.bin("or", y); }
 Ex eq(const Ex& x, double v) { return x.cmp(Cmp::EQ, x.k(v)); }
@@ -36,14 +32,15 @@ Ex gt(const Ex& x, double v) { return x.cmp(Cmp::GT, x.k(v)); }
 // f evaluated in f64 on x, result back in x's dtype.
 Ex in_f64(const Ex& x, const Fn& f) { return f(x.to(DType::F64)).to(x.v.dtype()); }
 
-void unary(const char* name, Fn f) {
-  reg(name, [f](Ctx& c) -> V { return {f(arg_as(c, 0, math_dtype(c)))}; });
+void unary(const char* name, Fn f, std::source_location loc = std::source_location::current()) {
+  reg_at(loc, name, [f](Ctx& c) -> V { return {f(arg_as(c, 0, math_dtype(c)))}; });
 }
 // Tensor/Scalar overloads of a two-input function (args 0 and 1).
 void binary(const std::string& name, std::initializer_list<const char*> overloads,
-            std::function<Ex(Ex, Ex)> f) {
+            std::function<Ex(Ex, Ex)> f,
+            std::source_location loc = std::source_location::current()) {
   for (const char* ov : overloads) {
-    reg(name + (*ov ? "." : "") + ov, [f](Ctx& c) -> V {
+    reg_at(loc, name + (*ov ? "." : "") + ov, [f](Ctx& c) -> V {
       DType t = math_dtype(c);
       Ex x = arg_as(c, 0, t), y = arg_as(c, 1, t);
       return {f(Ex(c.b, broadcast_to(c.b, x, c.out(0).shape)),

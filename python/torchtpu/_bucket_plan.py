@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -136,6 +136,70 @@ _REDUCE_NEUTRAL = {
 _SCAN_NEUTRAL = {"cumsum": "zero", "cumprod": "one", "logcumsumexp": "low"}
 _SOFTMAX = {"_softmax", "_log_softmax", "_safe_softmax"}
 
+# Op name (overload packet) -> the Planner method that lays out its output when a
+# padded value reaches it; filled by @bucket_rule.
+_RULES: dict[str, Callable] = {}
+
+
+def bucket_rule(*names: str) -> Callable:
+    """Registers the decorated Planner method as the rule of ops ``names``."""
+
+    def register(method: Callable) -> Callable:
+        for name in names:
+            if name in _RULES:
+                raise ValueError(f"two bucket rules for {name}")
+            _RULES[name] = method
+        return method
+
+    return register
+
+
+def _generic(name: str, op: Any) -> str | None:
+    """The generic category that lays out op (overload packet ``name``) at padded sizes
+    when it has no rule of its own, or None."""
+    if torch.Tag.pointwise in op.tags:  # before reductions: max.other is pointwise
+        return "pointwise"
+    if name in _VIEWS_SAME:
+        return "same"
+    if name in _CREATE or name in _CREATE_NEW:
+        return "create"
+    if name in _CREATE_LIKE:
+        return "like"
+    if name in _REDUCE_NEUTRAL:
+        return "reduce"
+    if name in _SCAN_NEUTRAL:
+        return "scan"
+    if name in _SOFTMAX:
+        return "softmax"
+    return None
+
+
+def _random(op: Any) -> bool:
+    return torch.Tag.nondeterministic_seeded in op.tags
+
+
+def _plannable(op: Any) -> bool:
+    """Whether the planner lays out op's output when a padded value reaches it (the
+    checks ``Planner._plan`` and ``Planner._rule`` make, in their order)."""
+    name = op.overloadpacket.__name__
+    if name in _SYM_OPS:
+        return True
+    return not _random(op) and (name in _RULES or _generic(name, op) is not None)
+
+
+def ops_without_bucket_rule(names: Iterable[str]) -> list[str]:
+    """Of the ATen ops ``names`` ("add.Tensor", "gelu"), sorted, those no padded value
+    may reach: the planner raises ``Unsupported`` and the graph runs unbucketed. Names
+    PyTorch does not define are left out."""
+    out = []
+    for n in names:
+        base, _, overload = n.partition(".")
+        packet = getattr(torch.ops.aten, base, None)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if op is not None and not _plannable(op):
+            out.append(n)
+    return sorted(out)
+
 
 class Planner:
     """Computes the layout of every value of one graph and the ops to replace."""
@@ -225,7 +289,7 @@ class Planner:
         values = self._value_uses(op, b)
         layout = None
         if padded_in or sym_out:
-            if torch.Tag.nondeterministic_seeded in op.tags:
+            if _random(op):
                 raise Unsupported("random values at the bucket size would differ from eager")
             try:
                 layout = self._rule(node, op, name, b, tensors)
@@ -237,24 +301,25 @@ class Planner:
 
     def _rule(self, node: Node, op: Any, name: str, b: dict, tensors: list) -> Any:
         out = _val(node)
-        rule = getattr(self, f"_r_{name}", None)
-        if rule is None:
-            if torch.Tag.pointwise in op.tags:  # before reductions: max.other is pointwise
-                return self._pointwise(node, tensors)
-            if name in _VIEWS_SAME:
-                return self._r_same(node, op, b)
-            if name in _CREATE or name in _CREATE_NEW:
-                return self._store(tuple(_exact_dim(s, self.syms) for s in out.shape))
-            if name in _CREATE_LIKE:
-                return self.layouts.get(b["self"][1])
-            if name in _REDUCE_NEUTRAL:
-                return self._reduce(node, op, b, _REDUCE_NEUTRAL[name])
-            if name in _SCAN_NEUTRAL:
-                return self._scan(node, op, b, _SCAN_NEUTRAL[name])
-            if name in _SOFTMAX:
-                return self._softmax(node, op, b)
-            raise Unsupported("no bucketing rule for this op on padded dims")
-        return rule(node, op, b)
+        rule = _RULES.get(name)
+        if rule is not None:
+            return rule(self, node, op, b)
+        kind = _generic(name, op)
+        if kind == "pointwise":
+            return self._pointwise(node, tensors)
+        if kind == "same":
+            return self._same(node, op, b)
+        if kind == "create":
+            return self._store(tuple(_exact_dim(s, self.syms) for s in out.shape))
+        if kind == "like":
+            return self.layouts.get(b["self"][1])
+        if kind == "reduce":
+            return self._reduce(node, op, b, _REDUCE_NEUTRAL[name])
+        if kind == "scan":
+            return self._scan(node, op, b, _SCAN_NEUTRAL[name])
+        if kind == "softmax":
+            return self._softmax(node, op, b)
+        raise Unsupported("no bucketing rule for this op on padded dims")
 
     def _value_uses(self, op: Any, b: dict) -> list:
         """Sizes used as values (``x.sum(1) / x.shape[1]``, a mean's backward) must be
@@ -281,34 +346,37 @@ class Planner:
 
     # ---- shape-only ops
 
-    def _r_same(self, node, op, b):
+    def _same(self, node, op, b):
         return self.layouts.get(b["self"][1])
 
-    def _r_view(self, node, op, b):
+    @bucket_rule("view", "_unsafe_view", "reshape")
+    def _view(self, node, op, b):
         return self._store(_reshape(self.L(b["self"][1]), _val(node).shape))
 
-    _r__unsafe_view = _r_view
-    _r_reshape = _r_view
-
-    def _r_permute(self, node, op, b):
+    @bucket_rule("permute")
+    def _permute(self, node, op, b):
         lay = self.L(b["self"][1])
         return self._store(tuple(lay[d % len(lay)] for d in b["dims"][1]))
 
-    def _r_transpose(self, node, op, b):
+    @bucket_rule("transpose")
+    def _transpose(self, node, op, b):
         lay = list(self.L(b["self"][1]))
         d0, d1 = b["dim0"][1] % len(lay), b["dim1"][1] % len(lay)
         lay[d0], lay[d1] = lay[d1], lay[d0]
         return self._store(tuple(lay))
 
-    def _r_t(self, node, op, b):
+    @bucket_rule("t")
+    def _t(self, node, op, b):
         return self._store(tuple(reversed(self.L(b["self"][1]))))
 
-    def _r_unsqueeze(self, node, op, b):
+    @bucket_rule("unsqueeze")
+    def _unsqueeze(self, node, op, b):
         lay = list(self.L(b["self"][1]))
         lay.insert(b["dim"][1] % (len(lay) + 1), (1,))
         return self._store(tuple(lay))
 
-    def _r_squeeze(self, node, op, b):
+    @bucket_rule("squeeze")
+    def _squeeze(self, node, op, b):
         x = b["self"][1]
         lay = self.L(x)
         if "dim" in b and b["dim"][1] is not None:
@@ -318,7 +386,8 @@ class Planner:
             dims = set(range(len(lay)))
         return self._store(tuple(d for i, d in enumerate(lay) if not (i in dims and d == (1,))))
 
-    def _r_expand(self, node, op, b):
+    @bucket_rule("expand")
+    def _expand(self, node, op, b):
         lay = self.L(b["self"][1])
         sizes = _val(node).shape
         lead = len(sizes) - len(lay)
@@ -327,7 +396,8 @@ class Planner:
             dims.append(_exact_dim(s, self.syms) if d == (1,) else d)
         return self._store(tuple(dims))
 
-    def _r_slice(self, node, op, b):
+    @bucket_rule("slice")
+    def _slice(self, node, op, b):
         lay = list(self.L(b["self"][1]))
         d = b["dim"][1] % len(lay)
         size = _val(node).shape[d]
@@ -342,7 +412,8 @@ class Planner:
             lay[d] = _exact_dim(size, self.syms)
         return self._store(tuple(lay))
 
-    def _r_select(self, node, op, b):
+    @bucket_rule("select")
+    def _select(self, node, op, b):
         lay = list(self.L(b["self"][1]))
         d = b["dim"][1] % len(lay)
         if _dim_padded(lay[d]):
@@ -350,7 +421,7 @@ class Planner:
         del lay[d]
         return self._store(tuple(lay))
 
-    def _split(self, node, op, b, drop: bool = False):
+    def _split_dim(self, node, op, b, drop: bool = False):
         lay = self.L(b["self"][1])
         d = b["dim"][1] % len(lay)
         if _dim_padded(lay[d]):
@@ -365,16 +436,16 @@ class Planner:
             outs.append(self._store(tuple(parts)))
         return outs
 
-    def _r_split(self, node, op, b):
-        return self._split(node, op, b)
+    @bucket_rule("split", "split_with_sizes", "chunk")
+    def _split(self, node, op, b):
+        return self._split_dim(node, op, b)
 
-    _r_split_with_sizes = _r_split
-    _r_chunk = _r_split
+    @bucket_rule("unbind")
+    def _unbind(self, node, op, b):
+        return self._split_dim(node, op, b, drop=True)
 
-    def _r_unbind(self, node, op, b):
-        return self._split(node, op, b, drop=True)
-
-    def _r_cat(self, node, op, b):
+    @bucket_rule("cat")
+    def _cat(self, node, op, b):
         tensors = [
             t for t in b["tensors"][1] if _val(t).numel() != 0 or _padded(self.layouts.get(t))
         ]
@@ -407,29 +478,30 @@ class Planner:
             dims.append(next(iter(found)) if found else (1,))
         return self._store(tuple(dims))
 
+    @bucket_rule("tril", "triu")
     def _positional(self, node, op, b):
         lay = self.L(b["self"][1])
         if any(len(d) != 1 for d in lay[-2:]):
             raise Unsupported("triangular mask over a merged padded dim")
         return self._store(lay)
 
-    _r_tril = _positional
-    _r_triu = _positional
-
-    def _r_arange(self, node, op, b):
+    @bucket_rule("arange")
+    def _arange(self, node, op, b):
         start = b["start"][1] if "start" in b else 0
         step = b["step"][1] if "step" in b else 1
         if _val(start) != 0 or _val(step) != 1:
             raise Unsupported("arange with a start or step over a padded size")
         return self._store(tuple(_exact_dim(s, self.syms) for s in _val(node).shape))
 
-    def _r_embedding(self, node, op, b):
+    @bucket_rule("embedding")
+    def _embedding(self, node, op, b):
         if _padded(self.layouts.get(b["weight"][1])):
             raise Unsupported("padded embedding table")
         idx = self.L(b["indices"][1])
         return self._store(idx + (_exact_dim(_val(node).shape[-1], self.syms),))
 
-    def _r_index_select(self, node, op, b):
+    @bucket_rule("index_select")
+    def _index_select(self, node, op, b):
         lay = list(self.L(b["self"][1]))
         d = b["dim"][1] % len(lay)
         if _dim_padded(lay[d]):
@@ -437,13 +509,15 @@ class Planner:
         lay[d] = self.L(b["index"][1])[0] if _val(b["index"][1]).dim() else (1,)
         return self._store(tuple(lay))
 
-    def _r_flip(self, node, op, b):
+    @bucket_rule("flip")
+    def _flip(self, node, op, b):
         lay = self.L(b["self"][1])
         if any(_dim_padded(lay[d % len(lay)]) for d in b["dims"][1]):
             raise Unsupported("flips a padded dim")
         return self._store(lay)
 
-    def _r_gather(self, node, op, b):
+    @bucket_rule("gather")
+    def _gather(self, node, op, b):
         # Index values are positions < n, the same in the padded layout when the dim is
         # one factor; garbage index entries only fill garbage positions.
         lay = self.L(b["self"][1])
@@ -455,7 +529,8 @@ class Planner:
             raise Unsupported("index with different padding")
         return self._store(idx)
 
-    def _r_scatter(self, node, op, b):
+    @bucket_rule("scatter", "scatter_add")
+    def _scatter(self, node, op, b):
         # Only an unpadded index and source: a garbage index could write into valid
         # positions.
         lay = self.L(b["self"][1])
@@ -464,8 +539,6 @@ class Planner:
         if any(_padded(self.layouts.get(t)) for t in srcs) or (lay and len(lay[d]) != 1):
             raise Unsupported("scatter with a padded index or source")
         return self._store(lay)
-
-    _r_scatter_add = _r_scatter
 
     # ---- ops that mix values along a dim
 
@@ -504,7 +577,8 @@ class Planner:
             return [self._store(out)] * len(_val(node))
         return self._store(out)
 
-    def _r_mean(self, node, op, b):
+    @bucket_rule("mean")
+    def _mean(self, node, op, b):
         x = b["self"][1]
         lay = self.L(x)
         dims = self._dims(b, len(lay))
@@ -522,7 +596,7 @@ class Planner:
             self.actions[node] = mean
         return self._store(self._reduced(lay, dims, keepdim))
 
-    def _var(self, node, op, b, std: bool, with_mean: bool):
+    def _var_std(self, node, op, b, std: bool, with_mean: bool):
         x = b["self"][1]
         lay = self.L(x)
         dims = self._dims(b, len(lay))
@@ -552,19 +626,24 @@ class Planner:
             self.actions[node] = var
         return [out, out] if with_mean else out
 
-    def _r_var(self, node, op, b):
-        return self._var(node, op, b, False, False)
+    @bucket_rule("var")
+    def _var(self, node, op, b):
+        return self._var_std(node, op, b, False, False)
 
-    def _r_std(self, node, op, b):
-        return self._var(node, op, b, True, False)
+    @bucket_rule("std")
+    def _std(self, node, op, b):
+        return self._var_std(node, op, b, True, False)
 
-    def _r_var_mean(self, node, op, b):
-        return self._var(node, op, b, False, True)
+    @bucket_rule("var_mean")
+    def _var_mean(self, node, op, b):
+        return self._var_std(node, op, b, False, True)
 
-    def _r_std_mean(self, node, op, b):
-        return self._var(node, op, b, True, True)
+    @bucket_rule("std_mean")
+    def _std_mean(self, node, op, b):
+        return self._var_std(node, op, b, True, True)
 
-    def _r_linalg_vector_norm(self, node, op, b):
+    @bucket_rule("linalg_vector_norm")
+    def _linalg_vector_norm(self, node, op, b):
         order = b["ord"][1]
         if order is not None and not (order > 0):
             raise Unsupported(f"norm of order {order}")
@@ -588,11 +667,13 @@ class Planner:
     def _softmax(self, node, op, b):
         return self._mask_along_dim(node, op, b, "self", [("self", -math.inf)])
 
-    def _r__softmax_backward_data(self, node, op, b):
+    @bucket_rule("_softmax_backward_data")
+    def _softmax_backward_data(self, node, op, b):
         fills = [("grad_output", 0), ("output", 0)]
         return self._mask_along_dim(node, op, b, "grad_output", fills)
 
-    def _r__log_softmax_backward_data(self, node, op, b):
+    @bucket_rule("_log_softmax_backward_data")
+    def _log_softmax_backward_data(self, node, op, b):
         return self._mask_along_dim(node, op, b, "grad_output", [("grad_output", 0)])
 
     def _contract(self, node, op, b, a_key, b_key, ka, kb, out_dims, bias_key=None):
@@ -613,10 +694,12 @@ class Planner:
             self.actions[node] = _masking_call(op, slots)
         return self._store(out)
 
-    def _r_mm(self, node, op, b):
+    @bucket_rule("mm")
+    def _mm(self, node, op, b):
         return self._contract(node, op, b, "self", "mat2", 1, 0, lambda a, c: (a[0], c[1]))
 
-    def _r_addmm(self, node, op, b):
+    @bucket_rule("addmm")
+    def _addmm(self, node, op, b):
         return self._contract(
             node, op, b, "mat1", "mat2", 1, 0, lambda a, c: (a[0], c[1]), bias_key="self"
         )
@@ -626,19 +709,24 @@ class Planner:
             raise Unsupported("batch dims with different padding")
         return (a[0], a[1], c[2])
 
-    def _r_bmm(self, node, op, b):
+    @bucket_rule("bmm")
+    def _bmm(self, node, op, b):
         return self._contract(node, op, b, "self", "mat2", 2, 1, self._batched)
 
-    def _r_baddbmm(self, node, op, b):
+    @bucket_rule("baddbmm")
+    def _baddbmm(self, node, op, b):
         return self._contract(node, op, b, "batch1", "batch2", 2, 1, self._batched, bias_key="self")
 
-    def _r_mv(self, node, op, b):
+    @bucket_rule("mv")
+    def _mv(self, node, op, b):
         return self._contract(node, op, b, "self", "vec", 1, 0, lambda a, c: (a[0],))
 
-    def _r_dot(self, node, op, b):
+    @bucket_rule("dot")
+    def _dot(self, node, op, b):
         return self._contract(node, op, b, "self", "tensor", 0, 0, lambda a, c: ())
 
-    def _r_nll_loss_forward(self, node, op, b):
+    @bucket_rule("nll_loss_forward", "nll_loss2d_forward")
+    def _nll_loss_forward(self, node, op, b):
         x, t = b["self"][1], b["target"][1]
         lx, lt = self.L(x), self.L(t)
         # Input [N, C, d1...] (or [C]), target [N, d1...].
@@ -651,7 +739,8 @@ class Planner:
         reduction = b["reduction"][1]
         return [self._store(lt) if reduction == 0 else None, None]
 
-    def _r_nll_loss_backward(self, node, op, b):
+    @bucket_rule("nll_loss_backward", "nll_loss2d_backward")
+    def _nll_loss_backward(self, node, op, b):
         x, t, g = b["self"][1], b["target"][1], b["grad_output"][1]
         lx, lt = self.L(x), self.L(t)
         if len(lx) > 1 and (_dim_padded(lx[1]) or lx[:1] + lx[2:] != lt):
@@ -662,10 +751,8 @@ class Planner:
         )
         return self._store(lx)
 
-    _r_nll_loss2d_forward = _r_nll_loss_forward
-    _r_nll_loss2d_backward = _r_nll_loss_backward
-
-    def _r_embedding_dense_backward(self, node, op, b):
+    @bucket_rule("embedding_dense_backward")
+    def _embedding_dense_backward(self, node, op, b):
         g = b["grad_output"][1]
         if b["scale_grad_by_freq"][1]:
             raise Unsupported("scale_grad_by_freq counts padded indices")
@@ -679,12 +766,14 @@ class Planner:
             raise Unsupported("normalizes over a padded dim")
         return lay, k
 
-    def _r_native_layer_norm(self, node, op, b):
+    @bucket_rule("native_layer_norm")
+    def _native_layer_norm(self, node, op, b):
         lay, k = self._layer_norm_layout(b)
         stat = lay[: len(lay) - k] + ((1,),) * k
         return [self._store(lay), self._store(stat), self._store(stat)]
 
-    def _r_native_layer_norm_backward(self, node, op, b):
+    @bucket_rule("native_layer_norm_backward")
+    def _native_layer_norm_backward(self, node, op, b):
         lay, _ = self._layer_norm_layout(b)
         # The weight and bias gradients sum over the padded rows.
         self.actions[node] = _masking_call(
