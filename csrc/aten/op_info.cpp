@@ -90,12 +90,16 @@ std::unique_ptr<OpInfo> make_info(const c10::FunctionSchema& s) {
 }  // namespace
 
 const OpInfo& op_info(const c10::OperatorHandle& op) {
+  // Every op call asks: a per-thread map answers without the lock.
+  thread_local std::unordered_map<const c10::FunctionSchema*, const OpInfo*> seen;
+  const c10::FunctionSchema* key = &op.schema();
+  if (auto it = seen.find(key); it != seen.end()) return *it->second;
   static std::mutex mu;
   static std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpInfo>> infos;
-  const c10::FunctionSchema* key = &op.schema();
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = infos[key];
   if (!slot) slot = make_info(op.schema());
+  seen.emplace(key, slot.get());
   return *slot;
 }
 

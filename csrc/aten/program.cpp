@@ -349,6 +349,19 @@ c10::Scalar scalar_of(const c10::IValue& v, int sub) {
   at::Tensor t =
       sub < 0 ? v.toTensor()
               : (v.isTensorList() ? v.toTensorList().get(sub) : v.toList().get(sub).toTensor());
+  // A host scalar (a Python number's wrapped tensor) is read in place: item()
+  // would go through the dispatcher on every op call.
+  if (t.device().is_cpu() && t.numel() == 1) {
+    const void* p = t.const_data_ptr();
+    switch (t.scalar_type()) {
+      case c10::kDouble: return *static_cast<const double*>(p);
+      case c10::kFloat: return *static_cast<const float*>(p);
+      case c10::kLong: return *static_cast<const int64_t*>(p);
+      case c10::kInt: return *static_cast<const int32_t*>(p);
+      case c10::kBool: return *static_cast<const bool*>(p);
+      default: break;
+    }
+  }
   return t.item();
 }
 
@@ -430,13 +443,16 @@ std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_
 
 void push_returns(const OpInfo& info, const std::vector<int>& ret_lists,
                   std::vector<at::Tensor>& fresh, torch::jit::Stack& stack, size_t first) {
-  torch::jit::Stack args(stack.begin() + first, stack.end());
+  // Returns replace the arguments; aliased ones are kept aside first (most ops alias none).
+  torch::jit::Stack aliased;
+  for (int alias : info.ret_alias_arg)
+    if (alias >= 0) aliased.push_back(stack[first + alias]);
   stack.erase(stack.begin() + first, stack.end());
-  size_t f = 0;
+  size_t f = 0, a = 0;
   for (size_t r = 0; r < ret_lists.size(); ++r) {
     int alias = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
     if (alias >= 0) {
-      stack.push_back(args[alias]);
+      stack.push_back(std::move(aliased[a++]));
     } else if (ret_lists[r] < 0) {
       stack.push_back(std::move(fresh[f++]));
     } else {

@@ -1,7 +1,9 @@
 #include "aten/runtime.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <dlfcn.h>
@@ -12,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 
 #include "aten/events.h"
 
@@ -295,9 +298,12 @@ pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device) {
 
 at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,
                        int device) {
-  c10::Device dev(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
-  c10::DeviceGuard guard(dev);
-  at::Tensor t = at::empty(sizes, c10::TensorOptions().dtype(dtype).device(dev));
+  // Allocated directly, not through at::empty's dispatch: one per op output.
+  std::optional<c10::DeviceGuard> guard;
+  if (device != current_device())
+    guard.emplace(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+  at::Tensor t = at::detail::empty_generic(
+      sizes, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, std::nullopt);
   auto& st = device_storage(t.storage());
   st.dtype = buf->dtype();
   st.buffer = std::move(buf);
