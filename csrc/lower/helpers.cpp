@@ -224,4 +224,9 @@ Value contract(Builder& b, Value x, int64_t d, Value m, int64_t md) {
   return b.transpose(y, perm);
 }
 
+Value wrap_index(Builder& b, Value idx, int64_t size) {
+  Ex i(b, b.convert(idx, DType::I64));
+  return where(i.cmp(hlo::Cmp::LT, i.k(0)), i + static_cast<double>(size), i);
+}
+
 }  // namespace torchtpu::lower

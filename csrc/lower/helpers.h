@@ -8,6 +8,8 @@ namespace torchtpu::lower {
 Value broadcast_to(Builder& b, Value x, const Shape& shape);
 // Converts and broadcasts x to exactly `t`.
 Value coerce(Builder& b, Value x, const Type& t);
+// Integer index as i64 with negative entries counted from the end of `size`.
+Value wrap_index(Builder& b, Value idx, int64_t size);
 // Constant of type t filled with v.
 inline Value full(Builder& b, double v, const Type& t) { return b.splat(v, t); }
 // Wraps a possibly negative dim into [0, rank).

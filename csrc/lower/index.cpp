@@ -19,11 +19,6 @@ std::vector<int64_t> iota_vec(int64_t n) {
   return r;
 }
 
-// Integer index as i64 with negative entries counted from the end of `size`.
-Value wrap_index(Builder& b, Value idx, int64_t size) {
-  Ex i(b, b.convert(idx, DType::I64));
-  return where(i.cmp(Cmp::LT, i.k(0)), i + static_cast<double>(size), i);
-}
 Value at_least_1d(Builder& b, Value x) { return x.rank() == 0 ? b.reshape(x, {1}) : x; }
 
 // Advanced indexing plan: x transposed to [indexed dims..., other dims...]

@@ -14,11 +14,6 @@ using hlo::Cmp;
 using hlo::Reducer;
 using V = std::vector<Value>;
 
-// Integer index as i64 with negative entries counted from the end of `size`.
-Value wrap_index(Builder& b, Value idx, int64_t size) {
-  Ex i(b, b.convert(idx, DType::I64));
-  return where(i.cmp(Cmp::LT, i.k(0)), i + static_cast<double>(size), i);
-}
 Value at_least_1d(Builder& b, Value x) { return x.rank() == 0 ? b.reshape(x, {1}) : x; }
 
 // Reduction of the src entries that a torch.scatter along `dim` sends to each
