@@ -34,7 +34,7 @@ test-py: build
 
 # The include layering (tools/check_layers.py): also part of `make lint`.
 layers:
-	$(VPY) tools/check_layers.py
+	$(PYTHON) tools/check_layers.py
 
 test: layers test-cpp test-py
 
@@ -56,7 +56,7 @@ device-tests: build
 lint:
 	$(VENV)/bin/ruff check python tests bench examples tools
 	$(VENV)/bin/clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
-	$(VPY) tools/check_layers.py
+	$(PYTHON) tools/check_layers.py
 
 format:
 	$(VENV)/bin/ruff format python tests bench examples
