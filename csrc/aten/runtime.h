@@ -53,9 +53,6 @@ pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device);
 // New contiguous tpu tensor owning `buf` (rank-1, numel elements).
 at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,
                        int device);
-// Replaces the storage's bytes with a zero-initialized allocation of `nbytes`,
-// keeping the leading old contents (untyped_storage().resize_()).
-void resize_storage(const c10::Storage& storage, size_t nbytes);
 
 // Eager modes: strict (async, default), debug (waits on every op, checks),
 // fused (records ops into a graph, runs it at cut points).
