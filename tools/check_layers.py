@@ -24,7 +24,8 @@ TORCH_HEADERS = ("Python.h",)
 
 # Folder -> the other folders whose headers it may include.
 DEPENDS = {
-    "bindings": ("aten", "lower", "graph", "cache", "hlo", "pjrt", "common"),
+    "bindings": ("dist", "aten", "lower", "graph", "cache", "hlo", "pjrt", "common"),
+    "dist": ("aten", "common"),
     "aten": ("lower", "graph", "cache", "hlo", "pjrt", "common"),
     "lower": ("hlo", "common"),
     "graph": ("common",),

@@ -31,5 +31,7 @@ std::vector<std::pair<std::string, int64_t>> fused_cut_report();
 // Bindings hook: where in Python the current op was called (for errors and
 // TORCHTPU_DEBUG_FUSION logs); returns an interned string or nullptr.
 void set_location_hook(const std::string* (*hook)());
+// The hook's answer now (nullptr without a hook or a Python frame).
+const std::string* caller_location();
 
 }  // namespace torchtpu::aten

@@ -131,6 +131,7 @@ std::shared_ptr<const Template> make_template(const c10::OperatorHandle& op, con
 }  // namespace
 
 void set_location_hook(const std::string* (*hook)()) { g_location = hook; }
+const std::string* caller_location() { return g_location ? g_location() : nullptr; }
 
 void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
   CallKey call = key_call(op, info, *stack);

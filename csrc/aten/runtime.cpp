@@ -77,8 +77,11 @@ pjrt::ClientPtr make_client() {
   auto plugin = pjrt::Plugin::load(pjrt::find_plugin(plugin_search_dirs()));
   pjrt::CreateOptions opts;
   if (platform == "cpu") {
+    // Under torchrun each process sees one device per local rank, so that
+    // set_device(LOCAL_RANK) works as on CUDA.
     const char* n = std::getenv("TORCHTPU_NUM_DEVICES");
-    opts["cpu_device_count"] = int64_t(n ? std::atoll(n) : 1);
+    if (!n) n = std::getenv("LOCAL_WORLD_SIZE");
+    opts["cpu_device_count"] = std::max<int64_t>(1, n ? std::atoll(n) : 1);
   } else if (platform == "cuda") {
     // Leave GPU memory to PyTorch and others: no 75% preallocation.
     opts["preallocate"] = false;

@@ -14,9 +14,12 @@
 #include "aten/ops.h"
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
+#include "dist/backend.h"
 #include "lower/registry.h"
 
 namespace py = pybind11;
+// c10d's Store and Backend are held by intrusive_ptr in torch's bindings.
+PYBIND11_DECLARE_HOLDER_TYPE(T, c10::intrusive_ptr<T>, true);
 using namespace torchtpu::aten;
 
 namespace {
@@ -46,6 +49,15 @@ py::dict metrics_dict() {
   py::dict fb;
   for (auto& [name, count] : fallback_report()) fb[py::str(name)] = count;
   d["fallback_ops"] = fb;
+  py::dict coll;
+  for (auto& k : torchtpu::dist::collective_report()) {
+    py::dict e;
+    e["calls"] = k.calls;
+    e["bytes"] = k.bytes;
+    e["host_copy_bytes"] = k.host_copy_bytes;
+    coll[py::str(k.kind)] = e;
+  }
+  d["collectives"] = coll;
   return d;
 }
 
@@ -210,6 +222,15 @@ PYBIND11_MODULE(_C, m) {
       },
       "(path from the repo root, line) where the rule that 'aten::name.overload' runs "
       "through is registered; KeyError for no such op, ValueError for no rule.");
+  m.def(
+      "_dist_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         const c10::intrusive_ptr<c10d::Backend>& host, double timeout_s) {
+        return torchtpu::dist::make_backend(
+            store, rank, size, host, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+      },
+      py::call_guard<py::gil_scoped_release>(),
+      "The tpu_dist c10d backend over `host` (a gloo backend of the same ranks).");
   m.def("count_compiled_graph", [] { metrics().compiled_graphs++; });
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,
@@ -231,6 +252,7 @@ PYBIND11_MODULE(_C, m) {
                     &x.fused_ops, &x.fused_graphs, &x.fused_cache_hits, &x.donated_bytes,
                     &x.fused_outputs, &x.compiled_graphs, &x.meta_calls})
       *c = 0;
+    torchtpu::dist::reset_collective_report();
   });
   m.def("memory_limit", [] { return memory_limit(); });
   m.def("memory_allocated", [] { return metrics().bytes_in_use.load(); });

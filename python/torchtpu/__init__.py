@@ -55,6 +55,9 @@ def _register() -> None:
     _printing.install()
     _decomp.install()
     _shutdown.install()
+    from . import distributed
+
+    distributed.register()
 
 
 _register()

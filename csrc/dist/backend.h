@@ -1,0 +1,33 @@
+// The `tpu_dist` c10d backend: every collective of torch.distributed on tpu
+// tensors. Ranks first agree on what they are about to run (check.h), then
+// the tensors go through a transport (transport.h): host memory and a gloo
+// group across processes today; device programs behind the same seam.
+#pragma once
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torchtpu::dist {
+
+// `host` is a gloo backend over the same ranks (made in Python: gloo's
+// headers are not shipped); `store` is the group's store (fault reports).
+c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int size,
+                                               const c10::intrusive_ptr<c10d::Backend>& host,
+                                               std::chrono::milliseconds timeout);
+
+// Per collective kind: calls, payload bytes and bytes copied between host and
+// device (metrics()["collectives"]).
+struct KindCount {
+  std::string kind;
+  int64_t calls = 0, bytes = 0, host_copy_bytes = 0;
+};
+std::vector<KindCount> collective_report();
+void reset_collective_report();
+
+}  // namespace torchtpu::dist

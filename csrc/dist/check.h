@@ -1,0 +1,60 @@
+// Never a silent hang: before each collective the ranks exchange a
+// fingerprint of the call (kind, sequence number, reduce op, root, dtypes,
+// shapes) and only then move data. A mismatch, or a rank that does not
+// arrive within the timeout, ends every surviving rank with an error that
+// names each rank's collective, its sequence number and its Python line.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torchtpu::dist {
+
+// What one rank is about to run.
+struct Call {
+  std::string kind;    // "all_reduce", "broadcast", ...
+  std::string detail;  // reduce op, root, split sizes: must match across ranks
+  std::vector<at::Tensor> tensors;  // the payload; dtypes and shapes must match
+  std::string where;                // Python "file:line" that issued it, if known
+
+  // "all_reduce(SUM) float32[4, 8] at train.py:42" (without `where` when `bare`).
+  std::string describe(bool bare = false) const;
+  uint64_t hash() const;
+};
+
+class Checker {
+ public:
+  // `host`: the group used for the exchange; `store`: where ranks post what
+  // they were doing when a collective fails; `detail` exchanges the full
+  // description every time (TORCH_DISTRIBUTED_DEBUG=DETAIL), else a hash.
+  Checker(c10::intrusive_ptr<c10d::Backend> host, c10::intrusive_ptr<c10d::Store> store,
+          int rank, int size, std::chrono::milliseconds timeout, bool detail);
+
+  // Returns once every rank announced the same call as collective `seq`;
+  // throws c10::DistBackendError otherwise.
+  void agree(uint64_t seq, const Call& call);
+  // A collective that failed after agreement (a rank left mid-transfer):
+  // gathers what each rank was doing through the store and throws.
+  [[noreturn]] void fail(uint64_t seq, const Call& call, const std::string& error);
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  std::vector<std::string> exchange(uint64_t seq, const Call& call, size_t bytes,
+                                    bool with_text);
+
+  c10::intrusive_ptr<c10d::Backend> host_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  bool detail_;
+  uint64_t last_agreed_ = 0;
+  std::string last_call_;
+};
+
+}  // namespace torchtpu::dist
