@@ -7,7 +7,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -140,6 +142,71 @@ std::vector<at::Generator>& default_generators() {
   return *g;
 }
 
+// Pinned host memory: page-aligned host allocations, registered with the
+// plugin for direct transfers where it supports that (GPU plugins page-lock
+// them), and tracked so that is_pinned() is true for them (DDP's reducer
+// asserts it).
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    constexpr size_t kPage = 4096;
+    size_t bytes = (std::max<size_t>(n, 1) + kPage - 1) / kPage * kPage;
+    void* p = nullptr;
+    TORCH_CHECK_WITH(OutOfMemoryError, posix_memalign(&p, kPage, bytes) == 0,
+                     "[tpu] pin_memory: cannot allocate ", bytes, " bytes of host memory");
+    bool mapped = client().dma_map(p, bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      blocks()[reinterpret_cast<uintptr_t>(p)] = {bytes, mapped};
+    }
+    return {p, p, &release, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  static bool holds(const void* ptr) {
+    auto at = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mu());
+    auto it = blocks().upper_bound(at);
+    if (it == blocks().begin()) return false;
+    --it;
+    return at < it->first + it->second.bytes;
+  }
+
+ private:
+  struct Block {
+    size_t bytes;
+    bool mapped;
+  };
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<uintptr_t, Block>& blocks() {
+    static auto* b = new std::map<uintptr_t, Block>();  // outlives exit-time frees
+    return *b;
+  }
+  static void release(void* p) {
+    bool mapped = false;
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      auto it = blocks().find(reinterpret_cast<uintptr_t>(p));
+      if (it != blocks().end()) {
+        mapped = it->second.mapped;
+        blocks().erase(it);
+      }
+    }
+    if (mapped && runtime_started()) client().dma_unmap(p);
+    std::free(p);
+  }
+};
+
+PinnedAllocator& pinned_allocator() {
+  static PinnedAllocator a;
+  return a;
+}
+
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return device_count() > 0; }
@@ -152,8 +219,8 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void* data) const override {
     return {kTpu, static_cast<c10::DeviceIndex>(static_cast<DeviceStorage*>(data)->device)};
   }
-  bool isPinnedPtr(const void*) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* p) const override { return PinnedAllocator::holds(p); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator(); }
   bool hasPrimaryContext(c10::DeviceIndex d) const override { return d >= 0 && d < device_count(); }
   c10::DeviceIndex deviceCount() const override {
     return static_cast<c10::DeviceIndex>(device_count());

@@ -138,6 +138,13 @@ bool compatible_shallow_copy(const at::Tensor& self, const at::Tensor& from) {
 
 }  // namespace
 
+// Nothing to record: a storage's buffer stays alive while any queued program
+// uses it (PJRT buffers are reference counted), whichever stream freed it.
+void record_stream(at::Tensor& self, c10::Stream s) {
+  TORCH_CHECK(s.device_type() == self.device().type(), "[tpu] record_stream: tensor on ",
+              self.device(), " but stream on ", s.device());
+}
+
 void register_foreach_kernels() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -171,6 +178,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy);
+  m.impl("record_stream", record_stream);
 }
 
 // convolution and convolution_backward have CompositeExplicitAutograd kernels

@@ -700,6 +700,29 @@ PJRT_Device* Client::device(int index) const {
   return devices_[static_cast<size_t>(index)];
 }
 
+bool Client::dma_map(void* data, size_t size) noexcept {
+  const PJRT_Api* api = plugin_->api();
+  auto* fn = TT_FN(api, Client_DmaMap);
+  if (fn == nullptr) return false;
+  auto a = TT_ARGS(Client_DmaMap);
+  a.client = client_;
+  a.data = data;
+  a.size = size;
+  if (PJRT_Error* err = fn(&a)) {
+    destroy_error(api, err);
+    return false;
+  }
+  return true;
+}
+
+void Client::dma_unmap(void* data) noexcept {
+  const PJRT_Api* api = plugin_->api();
+  auto a = TT_ARGS(Client_DmaUnmap);
+  a.client = client_;
+  a.data = data;
+  call_ignoring_error(api, TT_FN(api, Client_DmaUnmap), &a);
+}
+
 BufferPtr Client::buffer_from_host(const void* data, DType dtype, std::span<const int64_t> dims,
                                    int device) {
   const PJRT_Api* api = plugin_->api();

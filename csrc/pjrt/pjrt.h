@@ -133,6 +133,10 @@ class Client : public std::enable_shared_from_this<Client> {
   const std::string& platform_name() const { return platform_name_; }
   const std::string& platform_version() const { return platform_version_; }
 
+  // Registers host memory for direct device transfers (page-locks it on GPU
+  // plugins). False when the plugin lacks PJRT_Client_DmaMap or refuses.
+  bool dma_map(void* data, size_t size) noexcept;
+  void dma_unmap(void* data) noexcept;
   // Copies host data into a new device buffer (host memory may be freed on return).
   BufferPtr buffer_from_host(const void* data, DType dtype, std::span<const int64_t> dims,
                              int device);
