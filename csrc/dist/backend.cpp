@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <memory>
+#include <utility>
 #include <map>
 #include <mutex>
 #include <set>
@@ -89,8 +92,14 @@ std::string reduce_name(const ReduceOp& op) {
   }
 }
 
-// gloo has no AVG or PREMUL_SUM: both become SUM, with the factor applied to
-// the (staged, private) inputs before and the division after.
+bool integral(const Tensors& ts) {
+  return !ts.empty() && !at::isFloatingType(ts[0].scalar_type()) &&
+         !at::isComplexType(ts[0].scalar_type());
+}
+
+// gloo has no PREMUL_SUM and no integer AVG: the first becomes SUM of the
+// (staged, private) inputs times the factor, the second SUM then a
+// truncating division, as NCCL does.
 ReduceOp host_reduce(const ReduceOp& op, Tensors& staged) {
   if (op.op_ == ReduceOp::PREMUL_SUM) {
     auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
@@ -103,18 +112,13 @@ ReduceOp host_reduce(const ReduceOp& op, Tensors& staged) {
     }
     return ReduceOp(ReduceOp::SUM);
   }
-  if (op.op_ == ReduceOp::AVG) return ReduceOp(ReduceOp::SUM);
+  if (op.op_ == ReduceOp::AVG && integral(staged)) return ReduceOp(ReduceOp::SUM);
   return op;
 }
 
 void finish_reduce(const ReduceOp& op, Tensors& staged, int size) {
-  if (op.op_ != ReduceOp::AVG) return;
-  for (auto& h : staged) {
-    if (at::isFloatingType(h.scalar_type()) || at::isComplexType(h.scalar_type()))
-      h.div_(size);
-    else
-      h.div_(size, "trunc");
-  }
+  if (op.op_ == ReduceOp::AVG && integral(staged))
+    for (auto& h : staged) h.div_(size, "trunc");
 }
 
 // A collective whose tensors are ready (the transport ran synchronously).
@@ -128,6 +132,52 @@ WorkPtr done(const Tensors& outputs) {
   fut->markCompleted(c10::IValue(outputs));
   return Work::create_from_future(fut);
 }
+
+// A point-to-point transfer in flight on the host transport: completes (and,
+// for a receive, writes the device tensors) when waited on or polled.
+class HostWork final : public Work {
+ public:
+  HostWork(WorkPtr inner, std::function<void()> finish, std::function<std::string()> context,
+           Tensors outputs)
+      : Work(-1, c10d::OpType::UNKNOWN),
+        inner_(std::move(inner)),
+        finish_(std::move(finish)),
+        context_(std::move(context)),
+        outputs_(std::move(outputs)) {}
+
+  bool isCompleted() override {
+    if (!inner_->isCompleted()) return false;
+    complete();
+    return true;
+  }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    try {
+      inner_->wait(timeout);
+    } catch (const std::exception& e) {
+      C10_THROW_ERROR(DistBackendError, context_() + e.what());
+    }
+    complete();
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    wait(kNoTimeout);
+    return done(outputs_)->getFuture();
+  }
+
+ private:
+  void complete() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finish_) std::exchange(finish_, nullptr)();
+  }
+  WorkPtr inner_;
+  std::function<void()> finish_;
+  std::function<std::string()> context_;
+  Tensors outputs_;
+  std::mutex mu_;
+};
 
 std::string root_detail(int64_t root) { return "root " + std::to_string(root); }
 
@@ -178,10 +228,9 @@ class TpuDist final : public c10d::Backend {
     return collective("reduce", d, tensors, [&](Staging& st) {
       Tensors h;
       // Non-root inputs stay unchanged: gloo may use them as scratch space.
-      for (auto& t : tensors) h.push_back(rank_ == opts.rootRank ? st.inout(t) : st.in(t).clone());
-      c10d::ReduceOptions o = opts;
-      o.reduceOp = host_reduce(opts.reduceOp, h);
-      host_->reduce(h, o)->wait();
+      for (auto& t : tensors)
+        h.push_back(rank_ == opts.rootRank ? st.inout(t) : private_copy(st, t));
+      host_->reduce(h, with_reduce(opts, host_reduce(opts.reduceOp, h)))->wait();
       if (rank_ == opts.rootRank) finish_reduce(opts.reduceOp, h, size_);
       return tensors;
     });
@@ -244,16 +293,21 @@ class TpuDist final : public c10d::Backend {
     });
   }
 
-  // Reduce-scatter as an all-reduce of the stacked inputs, keeping this
-  // rank's slice: one path for every reduce op and dtype.
   WorkPtr reduce_scatter(Tensors& outputs, std::vector<Tensors>& inputs,
                          const c10d::ReduceScatterOptions& opts) override {
     return collective("reduce_scatter", reduce_name(opts.reduceOp), outputs, [&](Staging& st) {
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        Tensors parts;
-        for (auto& t : inputs[i]) parts.push_back(st.in(t).reshape({-1}));
-        scatter_reduced(st, outputs[i], at::cat(parts), opts.reduceOp);
-      }
+      Tensors hout;
+      for (auto& t : outputs) hout.push_back(st.out(t));
+      std::vector<Tensors> hin(inputs.size());
+      Tensors all;
+      for (size_t i = 0; i < inputs.size(); ++i)
+        for (auto& t : inputs[i]) {
+          hin[i].push_back(private_copy(st, t));
+          all.push_back(hin[i].back());
+        }
+      auto o = with_reduce(opts, host_reduce(opts.reduceOp, all));
+      host_->reduce_scatter(hout, hin, o)->wait();
+      finish_reduce(opts.reduceOp, hout, size_);
       return outputs;
     });
   }
@@ -263,8 +317,7 @@ class TpuDist final : public c10d::Backend {
     Tensors outs{output};
     return collective("reduce_scatter_tensor", reduce_name(opts.reduceOp), outs,
                       [&](Staging& st) {
-                        scatter_reduced(st, output, st.in(input).reshape({-1}).clone(),
-                                        opts.reduceOp);
+                        scatter_reduced(st, output, input, opts);
                         return outs;
                       });
   }
@@ -274,9 +327,7 @@ class TpuDist final : public c10d::Backend {
     return collective("reduce_scatter_tensor_coalesced", reduce_name(opts.reduceOp), outputs,
                       [&](Staging& st) {
                         for (size_t i = 0; i < outputs.size(); ++i)
-                          scatter_reduced(st, outputs[i],
-                                          st.in(inputs[i]).reshape({-1}).clone(),
-                                          opts.reduceOp);
+                          scatter_reduced(st, outputs[i], inputs[i], opts);
                         return outputs;
                       });
   }
@@ -332,28 +383,31 @@ class TpuDist final : public c10d::Backend {
     return collective("barrier", "", none, [&](Staging&) { return Tensors{}; });
   }
 
+  // Point-to-point calls have no group-wide agreement (only two ranks take
+  // part) and stay asynchronous, so a ring of isend/irecv cannot deadlock; a
+  // peer that never answers ends the wait at the transport's timeout.
   WorkPtr send(Tensors& tensors, int dst, int tag) override {
-    return point_to_point("send", dst, tag, tensors, [&](Staging& st) {
-      Tensors h;
-      for (auto& t : tensors) h.push_back(st.in(t));
-      host_->send(h, dst, tag)->wait();
-    });
+    aten::fused_flush("collective");
+    auto st = std::make_shared<Staging>();
+    Tensors h;
+    for (auto& t : tensors) h.push_back(st->in(t));
+    return point_to_point("send", dst, tag, tensors, st, host_->send(h, dst, tag));
   }
 
   WorkPtr recv(Tensors& tensors, int src, int tag) override {
-    return point_to_point("recv", src, tag, tensors, [&](Staging& st) {
-      Tensors h;
-      for (auto& t : tensors) h.push_back(st.out(t));
-      host_->recv(h, src, tag)->wait();
-    });
+    aten::fused_flush("collective");
+    auto st = std::make_shared<Staging>();
+    Tensors h;
+    for (auto& t : tensors) h.push_back(st->out(t));
+    return point_to_point("recv", src, tag, tensors, st, host_->recv(h, src, tag));
   }
 
   WorkPtr recvAnysource(Tensors& tensors, int tag) override {
-    return point_to_point("recv", -1, tag, tensors, [&](Staging& st) {
-      Tensors h;
-      for (auto& t : tensors) h.push_back(st.out(t));
-      host_->recvAnysource(h, tag)->wait();
-    });
+    aten::fused_flush("collective");
+    auto st = std::make_shared<Staging>();
+    Tensors h;
+    for (auto& t : tensors) h.push_back(st->out(t));
+    return point_to_point("recv", -1, tag, tensors, st, host_->recvAnysource(h, tag));
   }
 
  private:
@@ -382,35 +436,31 @@ class TpuDist final : public c10d::Backend {
     return done(outputs);
   }
 
-  // Point-to-point calls have no group-wide agreement; a peer that never
-  // answers ends the call at the transport's timeout with both ends named.
-  template <class Body>
-  WorkPtr point_to_point(const char* kind, int peer, int tag, Tensors& tensors, Body body) {
-    aten::fused_flush("collective");
-    Staging st;
-    try {
-      body(st);
-      st.write_back();
-    } catch (const std::exception& e) {
-      std::string where;
-      if (auto* w = aten::caller_location()) where = " at " + *w;
-      C10_THROW_ERROR(DistBackendError,
-                      c10::str("tpu_dist: ", kind, " (rank ", rank_, (peer < 0 ? " from any rank" : (std::string(kind) == "send" ? " to rank " : " from rank ")),
-                               peer < 0 ? "" : std::to_string(peer), ", tag ", tag, ")", where,
-                               " failed after waiting at most ",
-                               check_.timeout().count() / 1000.0, " s: ", e.what()));
-    }
-    count(kind, nbytes(tensors), st.host_copy_bytes());
-    return done(tensors);
+  WorkPtr point_to_point(const char* kind, int peer, int tag, const Tensors& tensors,
+                         std::shared_ptr<Staging> st, WorkPtr inner) {
+    std::string where;
+    if (auto* w = aten::caller_location()) where = " at " + *w;
+    std::string dir = peer < 0 ? " from any rank"
+                      : std::string(kind) == "send" ? " to rank " + std::to_string(peer)
+                                                    : " from rank " + std::to_string(peer);
+    std::string context = c10::str("tpu_dist: ", kind, " (rank ", rank_, dir, ", tag ", tag, ")",
+                                   where, " failed after waiting at most ",
+                                   check_.timeout().count() / 1000.0, " s: ");
+    int64_t bytes = nbytes(tensors);
+    std::string k = kind;
+    auto finish = [st, bytes, k] {
+      st->write_back();
+      count(k.c_str(), bytes, st->host_copy_bytes());
+    };
+    return c10::make_intrusive<HostWork>(std::move(inner), finish,
+                                         [context] { return context; }, tensors);
   }
 
   // `h` is a host twin, or a CPU tensor itself (the backend also serves
   // "cpu" under init_process_group("tpu_dist")), reduced in place as gloo would.
   void reduce_one(at::Tensor h, const ReduceOp& op) {
     Tensors hs{h};
-    c10d::AllreduceOptions o;
-    o.reduceOp = host_reduce(op, hs);
-    host_->allreduce(hs, o)->wait();
+    host_->allreduce(hs, with_reduce(c10d::AllreduceOptions(), host_reduce(op, hs)))->wait();
     finish_reduce(op, hs, size_);
   }
 
@@ -442,14 +492,25 @@ class TpuDist final : public c10d::Backend {
     host_->allgather(hout, hin, opts)->wait();
   }
 
-  void scatter_reduced(Staging& st, at::Tensor& output, at::Tensor flat, const ReduceOp& op) {
-    Tensors hs{flat};
-    c10d::AllreduceOptions o;
-    o.reduceOp = host_reduce(op, hs);
-    host_->allreduce(hs, o)->wait();
-    finish_reduce(op, hs, size_);
-    int64_t n = output.numel();
-    st.out(output).copy_(flat.narrow(0, rank_ * n, n).view(output.sizes()));
+  void scatter_reduced(Staging& st, at::Tensor& output, const at::Tensor& input,
+                       const c10d::ReduceScatterOptions& opts) {
+    Tensors hin{private_copy(st, input)}, hout{st.out(output)};
+    auto o = with_reduce(opts, host_reduce(opts.reduceOp, hin));
+    host_->_reduce_scatter_base(hout[0], hin[0], o)->wait();
+    finish_reduce(opts.reduceOp, hout, size_);
+  }
+
+  // A host copy the reduction may scale in place without touching the caller's tensor.
+  static at::Tensor private_copy(Staging& st, const at::Tensor& t) {
+    at::Tensor h = st.in(t);
+    return h.is_same(t) ? h.clone() : h;
+  }
+
+  template <class Opts>
+  static Opts with_reduce(const Opts& opts, const ReduceOp& op) {
+    Opts o = opts;
+    o.reduceOp = op;
+    return o;
   }
 
   static Tensors flatten(const std::vector<Tensors>& lists) {
@@ -458,7 +519,7 @@ class TpuDist final : public c10d::Backend {
     return all;
   }
 
-  void count(const char* kind, int64_t bytes, int64_t host_bytes) {
+  static void count(const char* kind, int64_t bytes, int64_t host_bytes) {
     auto& c = counters();
     std::lock_guard<std::mutex> lock(c.mu);
     auto& k = c.by_kind[kind];

@@ -1,0 +1,53 @@
+"""torch.distributed on tpu (the tpu_dist backend): collectives, DDP, FSDP2, DTensor,
+MPMD and faults, each run as 2-4 ranks on loopback by tests/python/dist/launch.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "dist"))
+from launch import spawn_ranks, torchrun
+
+
+def _ok(result, expect_lines: int) -> list[str]:
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("rank ")]
+    assert result.returncode == 0 and len(lines) == expect_lines, result.output[-6000:]
+    return lines
+
+
+@pytest.mark.parametrize(
+    "nproc,how,mode",
+    [(2, "mixed", "strict"), (4, "tpu_dist", "strict"), (2, "default", "fused")],
+)
+def test_collectives_match_gloo(nproc, how, mode):
+    r = torchrun("collectives.py", nproc, env={"TORCHTPU_EAGER": mode}, args=(how,))
+    for line in _ok(r, nproc):
+        assert "bit-identical to gloo" in line
+
+
+@pytest.mark.parametrize("scenario", ["extra_broadcast", "other_shape", "exits", "stuck"])
+def test_divergent_ranks_fail_fast_naming_both_sides(scenario):
+    timeout_s = 8
+    results, seconds = spawn_ranks(
+        "faults.py", 2, args=(scenario,), env={"TORCHTPU_DIST_TIMEOUT": str(timeout_s)},
+        timeout=90, watch=(0,) if scenario in ("exits", "stuck") else None)
+    survivors = results if scenario in ("extra_broadcast", "other_shape") else results[:1]
+    for res in survivors:
+        assert res.returncode not in (0, None), res.output[-3000:]
+        err = next((ln for ln in res.output.splitlines() if "ERROR" in ln), "")
+        text = res.output[res.output.find(err):]
+        assert "tpu_dist" in err, res.output[-3000:]
+        # Both sides named: each rank's line, with the collective and the Python line.
+        assert "rank 0: " in text and "rank 1: " in text, text
+        assert "faults.py:" in text, text
+        if scenario == "extra_broadcast":
+            assert "broadcast" in text and "all_reduce" in text, text
+        if scenario == "other_shape":
+            assert "Float[3]" in text and "Float[4]" in text, text
+        if scenario in ("exits", "stuck"):
+            assert "did not reach collective #2" in text, text
+    # Within the timeout (plus start-up and the fault report's short wait).
+    assert seconds < 60, seconds
