@@ -332,9 +332,13 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwarg
             f"{kind}_compiler": functools.partial(_exact_compiler, label=f"{label} {name}")
             for kind, name in (("fw", "forward"), ("bw", "backward"), ("inference", "inference"))
         }
+    # The decompositions serve the tpu lowering; a graph of CPU tensors keeps PyTorch's
+    # own ops (some core decompositions of CPU-only kernels, e.g. of CPU attention's
+    # backward, give wrong gradients when run on the CPU).
+    on_tpu = any(isinstance(a, torch.Tensor) and a.device.type == "tpu" for a in example_inputs)
     backend = aot_autograd(
         **compilers,
-        decompositions=_decompositions(),
+        decompositions=_decompositions() if on_tpu else {},
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)
