@@ -51,3 +51,32 @@ def test_divergent_ranks_fail_fast_naming_both_sides(scenario):
             assert "did not reach collective #2" in text, text
     # Within the timeout (plus start-up and the fault report's short wait).
     assert seconds < 60, seconds
+
+
+@pytest.mark.parametrize(
+    "wrapper,model,mode",
+    [
+        ("ddp", "mlp", "strict"),
+        ("ddp_unused", "mlp", "fused"),
+        ("ddp_hook", "gpt", "strict"),
+        ("ddp", "gpt", "fused"),
+        ("ddp", "gpt", "compile"),
+        ("fsdp", "mlp", "strict"),
+        ("fsdp", "gpt", "fused"),
+        ("fsdp", "gpt", "compile"),
+    ],
+)
+def test_data_parallel_training_matches_single_process(wrapper, model, mode):
+    r = torchrun("training.py", 2, args=(wrapper, model, mode))
+    _ok(r, 2)
+
+
+def test_dtensor_on_tpu_mesh():
+    for line in _ok(torchrun("dtensor.py", 2), 2):
+        assert "DTensor checks passed" in line
+
+
+@pytest.mark.parametrize("mode", ["fused", "compile"])
+def test_mpmd_rank0_evaluates_without_recompiles(mode):
+    for line in _ok(torchrun("mpmd.py", 2, args=(mode,)), 2):
+        assert "0 compiles after warm-up" in line
