@@ -93,6 +93,16 @@ class Builder {
 
   // --- reductions
   Value reduce(Value x, Value init, const std::vector<int64_t>& dims, Reducer r);
+
+  // Cross-replica collectives (builder_collective.cpp): `groups` lists replica ids,
+  // every group the same size; programs are compiled with num_replicas = all ids.
+  using Groups = std::vector<std::vector<int64_t>>;
+  Value all_reduce(Value x, Reducer r, const Groups& groups);
+  Value all_gather(Value x, int64_t dim, const Groups& groups);
+  Value reduce_scatter(Value x, int64_t dim, Reducer r, const Groups& groups);
+  Value all_to_all(Value x, int64_t split_dim, int64_t concat_dim, const Groups& groups);
+  // Sends x from replica pairs[i][0] to pairs[i][1]; replicas receiving nothing get zeros.
+  Value collective_permute(Value x, const Groups& pairs);
   // Variadic reduce returning (max/min value, index) along one dim; index dtype I64.
   // Ties pick the smallest index; NaN wins (as torch.argmax).
   std::pair<Value, Value> reduce_arg(Value x, int64_t dim, bool is_max);

@@ -590,6 +590,50 @@ std::vector<BufferPtr> Executable::execute(std::span<Buffer* const> args, int de
   return result;
 }
 
+std::vector<std::vector<BufferPtr>> Executable::execute_replicated(
+    const std::vector<std::vector<Buffer*>>& args) {
+  const PJRT_Api* api = client_->api();
+  const size_t n = args.size();
+  if (n == 0) throw Error("execute_replicated: no replicas");
+  std::vector<std::vector<PJRT_Buffer*>> in(n, std::vector<PJRT_Buffer*>(args[0].size()));
+  std::vector<std::vector<PJRT_Buffer*>> out(n, std::vector<PJRT_Buffer*>(num_outputs_));
+  std::vector<PJRT_Buffer* const*> arg_lists(n);
+  std::vector<PJRT_Buffer**> out_lists(n);
+  for (size_t r = 0; r < n; ++r) {
+    if (args[r].size() != args[0].size())
+      throw Error("execute_replicated: replicas have different argument counts");
+    for (size_t i = 0; i < args[r].size(); ++i) {
+      if (args[r][i] == nullptr) throw Error("execute_replicated: a null argument");
+      in[r][i] = args[r][i]->raw();
+    }
+    arg_lists[r] = in[r].data();
+    out_lists[r] = out[r].data();
+  }
+  PJRT_ExecuteOptions options{};
+  options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+  auto a = TT_ARGS(LoadedExecutable_Execute);
+  a.executable = exe_;
+  a.options = &options;
+  a.argument_lists = arg_lists.data();
+  a.num_devices = n;
+  a.num_args = args[0].size();
+  a.output_lists = out_lists.data();
+  a.execute_device = nullptr;  // the compiled device assignment: replica i on device i
+  TT_CALL(api, LoadedExecutable_Execute, a);
+
+  std::vector<std::vector<BufferPtr>> result(n);
+  size_t r = 0, i = 0;
+  try {
+    for (; r < n; ++r, i = 0)
+      for (; i < num_outputs_; ++i) result[r].push_back(wrap_output(client_, out[r][i]));
+  } catch (...) {
+    for (; r < n; ++r, i = 0)
+      for (; i < num_outputs_; ++i) destroy_buffer(api, out[r][i]);
+    throw;
+  }
+  return result;
+}
+
 std::string Executable::serialize() const {
   const PJRT_Api* api = client_->api();
   ExecutableView view(api, exe_);

@@ -104,6 +104,10 @@ class Executable {
   // Asynchronous: returns output buffers at once; errors of the run surface
   // from Buffer::await_ready / to_host. Arguments must live on `device`.
   std::vector<BufferPtr> execute(std::span<Buffer* const> args, int device);
+  // A program compiled with num_replicas = args.size(): replica i runs on
+  // device i with args[i]; returns each replica's outputs.
+  std::vector<std::vector<BufferPtr>> execute_replicated(
+      const std::vector<std::vector<Buffer*>>& args);
   // PJRT_Executable_Serialize bytes (valid for the same plugin build only).
   std::string serialize() const;
   PJRT_LoadedExecutable* raw() const { return exe_; }
