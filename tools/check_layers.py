@@ -25,7 +25,7 @@ TORCH_HEADERS = ("Python.h",)
 # Folder -> the other folders whose headers it may include.
 DEPENDS = {
     "bindings": ("dist", "aten", "lower", "graph", "cache", "hlo", "pjrt", "common"),
-    "dist": ("aten", "common"),
+    "dist": ("aten", "lower", "hlo", "pjrt", "common"),
     "aten": ("lower", "graph", "cache", "hlo", "pjrt", "common"),
     "lower": ("hlo", "common"),
     "graph": ("common",),

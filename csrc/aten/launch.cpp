@@ -72,11 +72,11 @@ void add_program(std::string key, std::shared_ptr<const Launchable> entry) {
   table().insert_or_assign(std::move(key), std::move(entry));
 }
 
-pjrt::ExecutablePtr compile_cached(const std::string& mlir) {
+pjrt::ExecutablePtr compile_cached(const std::string& mlir, const pjrt::CompileOptions& options) {
   auto& cc = cache::process_cache(client_ptr());
   const int64_t misses = cc.stats().misses;
   auto t0 = std::chrono::steady_clock::now();
-  pjrt::ExecutablePtr exe = cc.get(mlir);
+  pjrt::ExecutablePtr exe = cc.get(mlir, options);
   auto dt = std::chrono::steady_clock::now() - t0;
   // Disk and shared hits load a serialized executable: only misses compile.
   if (cc.stats().misses > misses) {

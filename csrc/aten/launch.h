@@ -29,7 +29,8 @@ size_t program_table_limit();
 
 // The executable of a program through the compile cache (memory, disk,
 // shared root, or a compile); counts real compiles in metrics().
-pjrt::ExecutablePtr compile_cached(const std::string& mlir);
+pjrt::ExecutablePtr compile_cached(const std::string& mlir,
+                                   const pjrt::CompileOptions& options = {});
 
 // Executes on `device`. Debug Eager waits for the outputs and, given `what`
 // (which names the work) and TORCHTPU_CHECK_NANS=1, raises when a float output

@@ -4,16 +4,16 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
-#include <memory>
-#include <utility>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <utility>
 
 #include "aten/fused.h"
 #include "aten/launch.h"
@@ -127,8 +127,8 @@ WorkPtr done(const Tensors& outputs) {
   for (auto& t : outputs)
     if (on_tpu(t) && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
       devices.push_back(t.device());
-  auto fut = c10::make_intrusive<c10::ivalue::Future>(
-      c10::ListType::create(c10::TensorType::get()), devices);
+  auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                      devices);
   fut->markCompleted(c10::IValue(outputs));
   return Work::create_from_future(fut);
 }
@@ -315,11 +315,10 @@ class TpuDist final : public c10d::Backend {
   WorkPtr _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                const c10d::ReduceScatterOptions& opts) override {
     Tensors outs{output};
-    return collective("reduce_scatter_tensor", reduce_name(opts.reduceOp), outs,
-                      [&](Staging& st) {
-                        scatter_reduced(st, output, input, opts);
-                        return outs;
-                      });
+    return collective("reduce_scatter_tensor", reduce_name(opts.reduceOp), outs, [&](Staging& st) {
+      scatter_reduced(st, output, input, opts);
+      return outs;
+    });
   }
 
   WorkPtr reduce_scatter_tensor_coalesced(Tensors& outputs, Tensors& inputs,
@@ -336,43 +335,50 @@ class TpuDist final : public c10d::Backend {
                         std::vector<int64_t>& in_splits,
                         const c10d::AllToAllOptions& opts) override {
     // Split sizes may differ between ranks; dtypes and trailing dims may not.
-    std::string d = std::string(c10::toString(input.scalar_type())) + " rows of " +
-                    std::to_string(input.dim() ? input.numel() / std::max<int64_t>(1, input.size(0)) : 1);
+    std::string d =
+        std::string(c10::toString(input.scalar_type())) + " rows of " +
+        std::to_string(input.dim() ? input.numel() / std::max<int64_t>(1, input.size(0)) : 1);
     Tensors none;
-    return collective("all_to_all_single", d, none, [&](Staging& st) {
-      at::Tensor hi = st.in(input), ho = st.out(output);
-      host_->alltoall_base(ho, hi, out_splits, in_splits, opts)->wait();
-      return Tensors{output};
-    }, nbytes({input}));
+    return collective(
+        "all_to_all_single", d, none,
+        [&](Staging& st) {
+          at::Tensor hi = st.in(input), ho = st.out(output);
+          host_->alltoall_base(ho, hi, out_splits, in_splits, opts)->wait();
+          return Tensors{output};
+        },
+        nbytes({input}));
   }
 
   // List all-to-all as one uneven all_to_all of the flattened pieces.
   WorkPtr alltoall(Tensors& outputs, Tensors& inputs, const c10d::AllToAllOptions& opts) override {
     std::string d = inputs.empty() ? "" : std::string(c10::toString(inputs[0].scalar_type()));
     Tensors none;
-    return collective("all_to_all", d, none, [&](Staging& st) {
-      Tensors flat;
-      std::vector<int64_t> in_splits, out_splits;
-      for (auto& t : inputs) {
-        flat.push_back(st.in(t).reshape({-1}));
-        in_splits.push_back(t.numel());
-      }
-      int64_t total = 0;
-      for (auto& t : outputs) {
-        out_splits.push_back(t.numel());
-        total += t.numel();
-      }
-      at::Tensor hi = at::cat(flat);
-      at::Tensor ho = at::empty({total}, hi.options());
-      host_->alltoall_base(ho, hi, out_splits, in_splits, opts)->wait();
-      int64_t off = 0;
-      for (auto& t : outputs) {
-        at::Tensor piece = ho.narrow(0, off, t.numel()).view(t.sizes());
-        off += t.numel();
-        st.out(t).copy_(piece);
-      }
-      return outputs;
-    }, nbytes(inputs));
+    return collective(
+        "all_to_all", d, none,
+        [&](Staging& st) {
+          Tensors flat;
+          std::vector<int64_t> in_splits, out_splits;
+          for (auto& t : inputs) {
+            flat.push_back(st.in(t).reshape({-1}));
+            in_splits.push_back(t.numel());
+          }
+          int64_t total = 0;
+          for (auto& t : outputs) {
+            out_splits.push_back(t.numel());
+            total += t.numel();
+          }
+          at::Tensor hi = at::cat(flat);
+          at::Tensor ho = at::empty({total}, hi.options());
+          host_->alltoall_base(ho, hi, out_splits, in_splits, opts)->wait();
+          int64_t off = 0;
+          for (auto& t : outputs) {
+            at::Tensor piece = ho.narrow(0, off, t.numel()).view(t.sizes());
+            off += t.numel();
+            st.out(t).copy_(piece);
+          }
+          return outputs;
+        },
+        nbytes(inputs));
   }
 
   WorkPtr barrier(const c10d::BarrierOptions&) override {
@@ -440,20 +446,20 @@ class TpuDist final : public c10d::Backend {
                          std::shared_ptr<Staging> st, WorkPtr inner) {
     std::string where;
     if (auto* w = aten::caller_location()) where = " at " + *w;
-    std::string dir = peer < 0 ? " from any rank"
+    std::string dir = peer < 0                      ? " from any rank"
                       : std::string(kind) == "send" ? " to rank " + std::to_string(peer)
                                                     : " from rank " + std::to_string(peer);
-    std::string context = c10::str("tpu_dist: ", kind, " (rank ", rank_, dir, ", tag ", tag, ")",
-                                   where, " failed after waiting at most ",
-                                   check_.timeout().count() / 1000.0, " s: ");
+    std::string context =
+        c10::str("tpu_dist: ", kind, " (rank ", rank_, dir, ", tag ", tag, ")", where,
+                 " failed after waiting at most ", check_.timeout().count() / 1000.0, " s: ");
     int64_t bytes = nbytes(tensors);
     std::string k = kind;
     auto finish = [st, bytes, k] {
       st->write_back();
-      count(k.c_str(), bytes, st->host_copy_bytes());
+      count(k, bytes, st->host_copy_bytes());
     };
-    return c10::make_intrusive<HostWork>(std::move(inner), finish,
-                                         [context] { return context; }, tensors);
+    return c10::make_intrusive<HostWork>(
+        std::move(inner), finish, [context] { return context; }, tensors);
   }
 
   // `h` is a host twin, or a CPU tensor itself (the backend also serves
@@ -519,14 +525,8 @@ class TpuDist final : public c10d::Backend {
     return all;
   }
 
-  static void count(const char* kind, int64_t bytes, int64_t host_bytes) {
-    auto& c = counters();
-    std::lock_guard<std::mutex> lock(c.mu);
-    auto& k = c.by_kind[kind];
-    k.kind = kind;
-    k.calls++;
-    k.bytes += bytes;
-    k.host_copy_bytes += host_bytes;
+  static void count(const std::string& kind, int64_t bytes, int64_t host_bytes) {
+    count_collective(kind, bytes, host_bytes);
   }
 
   c10::intrusive_ptr<c10d::Backend> host_;
@@ -552,6 +552,16 @@ std::vector<KindCount> collective_report() {
   std::vector<KindCount> out;
   for (auto& [_, k] : c.by_kind) out.push_back(k);
   return out;
+}
+
+void count_collective(const std::string& kind, int64_t bytes, int64_t host_copy_bytes) {
+  auto& c = counters();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto& k = c.by_kind[kind];
+  k.kind = kind;
+  k.calls++;
+  k.bytes += bytes;
+  k.host_copy_bytes += host_copy_bytes;
 }
 
 void reset_collective_report() {

@@ -3,12 +3,11 @@
 // the tensors go through a transport (transport.h): host memory and a gloo
 // group across processes today; device programs behind the same seam.
 #pragma once
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
 
@@ -28,6 +27,7 @@ struct KindCount {
   int64_t calls = 0, bytes = 0, host_copy_bytes = 0;
 };
 std::vector<KindCount> collective_report();
+void count_collective(const std::string& kind, int64_t bytes, int64_t host_copy_bytes);
 void reset_collective_report();
 
 }  // namespace torchtpu::dist

@@ -11,8 +11,8 @@
 namespace torchtpu::dist {
 namespace {
 
-constexpr size_t kHashBytes = 16;    // sequence number + hash
-constexpr size_t kTextBytes = 496;   // + the description, when names are needed
+constexpr size_t kHashBytes = 16;   // sequence number + hash
+constexpr size_t kTextBytes = 496;  // + the description, when names are needed
 
 std::string signature(const at::Tensor& t) {
   std::ostringstream s;
@@ -105,8 +105,8 @@ void Checker::agree(uint64_t seq, const Call& call) {
   // the descriptions (if not already exchanged) and stop together.
   if (!detail_) records = exchange(seq, call, kHashBytes + kTextBytes, true);
   std::ostringstream s;
-  s << "tpu_dist: ranks disagree on collective #" << seq << " (rank " << rank_ << " of "
-    << size_ << " reporting); every rank stops here:";
+  s << "tpu_dist: ranks disagree on collective #" << seq << " (rank " << rank_ << " of " << size_
+    << " reporting); every rank stops here:";
   for (int r = 0; r < size_; ++r) {
     uint64_t their_seq;
     std::memcpy(&their_seq, records[r].data(), 8);
@@ -126,8 +126,8 @@ void Checker::fail(uint64_t seq, const Call& call, const std::string& error) {
     std::string mine = call.describe();
     store_->set(key + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
     // Survivors fail at about the same time; give them a moment to post.
-    auto deadline = std::chrono::steady_clock::now() +
-                    std::min(timeout_, std::chrono::milliseconds(5000));
+    auto deadline =
+        std::chrono::steady_clock::now() + std::min(timeout_, std::chrono::milliseconds(5000));
     for (;;) {
       int missing = 0;
       for (int r = 0; r < size_; ++r) {
@@ -155,12 +155,12 @@ void Checker::fail(uint64_t seq, const Call& call, const std::string& error) {
     } else if (!store_ok) {
       s << "unknown (the store is unreachable)";
     } else {
-      s << "did not reach collective #" << seq
-        << " (exited, stuck, or running other code)";
+      s << "did not reach collective #" << seq << " (exited, stuck, or running other code)";
       if (last_agreed_) s << "; its last agreed collective was #" << last_agreed_;
     }
   }
-  if (last_agreed_) s << "\nLast collective every rank agreed on: #" << last_agreed_ << " " << last_call_;
+  if (last_agreed_)
+    s << "\nLast collective every rank agreed on: #" << last_agreed_ << " " << last_call_;
   s << "\nThe timeout is TORCHTPU_DIST_TIMEOUT seconds (or init_process_group(timeout=...) "
        "when shorter).";
   raise(s.str());

@@ -5,20 +5,20 @@
 // names each rank's collective, its sequence number and its Python line.
 #pragma once
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 namespace torchtpu::dist {
 
 // What one rank is about to run.
 struct Call {
-  std::string kind;    // "all_reduce", "broadcast", ...
-  std::string detail;  // reduce op, root, split sizes: must match across ranks
+  std::string kind;                 // "all_reduce", "broadcast", ...
+  std::string detail;               // reduce op, root, split sizes: must match across ranks
   std::vector<at::Tensor> tensors;  // the payload; dtypes and shapes must match
   std::string where;                // Python "file:line" that issued it, if known
 
@@ -32,8 +32,8 @@ class Checker {
   // `host`: the group used for the exchange; `store`: where ranks post what
   // they were doing when a collective fails; `detail` exchanges the full
   // description every time (TORCH_DISTRIBUTED_DEBUG=DETAIL), else a hash.
-  Checker(c10::intrusive_ptr<c10d::Backend> host, c10::intrusive_ptr<c10d::Store> store,
-          int rank, int size, std::chrono::milliseconds timeout, bool detail);
+  Checker(c10::intrusive_ptr<c10d::Backend> host, c10::intrusive_ptr<c10d::Store> store, int rank,
+          int size, std::chrono::milliseconds timeout, bool detail);
 
   // Returns once every rank announced the same call as collective `seq`;
   // throws c10::DistBackendError otherwise.
@@ -45,8 +45,7 @@ class Checker {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
-  std::vector<std::string> exchange(uint64_t seq, const Call& call, size_t bytes,
-                                    bool with_text);
+  std::vector<std::string> exchange(uint64_t seq, const Call& call, size_t bytes, bool with_text);
 
   c10::intrusive_ptr<c10d::Backend> host_;
   c10::intrusive_ptr<c10d::Store> store_;

@@ -9,7 +9,8 @@ namespace {
 
 // dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>
 std::string dense_groups(const char* op, const Builder::Groups& groups) {
-  if (groups.empty() || groups[0].empty()) throw BuildError(std::string("[hlo] ") + op + ": no replica groups");
+  if (groups.empty() || groups[0].empty())
+    throw BuildError(std::string("[hlo] ") + op + ": no replica groups");
   std::string s = "dense<[";
   for (size_t g = 0; g < groups.size(); ++g) {
     if (groups[g].size() != groups[0].size())
@@ -66,9 +67,8 @@ Value Builder::all_to_all(Value x, int64_t split_dim, int64_t concat_dim, const 
   out[split_dim] /= n;
   out[concat_dim] *= n;
   return op("all_to_all", {x},
-            "split_dimension = " + std::to_string(split_dim) +
-                " : i64, concat_dimension = " + std::to_string(concat_dim) +
-                " : i64, split_count = " + std::to_string(n) +
+            "split_dimension = " + std::to_string(split_dim) + " : i64, concat_dimension = " +
+                std::to_string(concat_dim) + " : i64, split_count = " + std::to_string(n) +
                 " : i64, replica_groups = " + dense_groups("all_to_all", groups),
             Type{x.dtype(), out});
 }

@@ -68,3 +68,43 @@ def register() -> None:
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["tpu", "cpu"])
     c10d = dist.distributed_c10d
     c10d._new_process_group_helper = _fix_default_backend(c10d._new_process_group_helper)
+
+
+# --------------------------------------------------------------------------- in-process
+# Collectives across the devices of this process (TORCHTPU_NUM_DEVICES=N): one tensor
+# per device, tensor i on tpu:i, run as one replicated StableHLO program (no host copy).
+
+
+def _device(kind, tensors, reduce="sum", dim=0, dim2=0, pairs=()):
+    import torch
+
+    flat = [int(v) for p in pairs for v in p]
+    return torch.ops.torchtpu.device_collective(kind, list(tensors), reduce, dim, dim2, flat)
+
+
+def device_all_reduce(tensors, op: str = "sum") -> None:
+    """In place: every tensor becomes the reduction (sum, prod, max, min) of all."""
+    for t, r in zip(tensors, _device("all_reduce", tensors, op)):
+        t.copy_(r)
+
+
+def device_all_gather(tensors, dim: int = 0) -> list:
+    """Each device gets the concatenation of every device's tensor along ``dim``."""
+    return _device("all_gather", tensors, dim=dim)
+
+
+def device_reduce_scatter(tensors, dim: int = 0, op: str = "sum") -> list:
+    """Reduces across devices, device i keeping the i-th slice along ``dim``."""
+    return _device("reduce_scatter", tensors, op, dim)
+
+
+def device_all_to_all(tensors, split_dim: int = 0, concat_dim: int = 0) -> list:
+    """Device i sends its j-th slice along ``split_dim`` to device j, which concatenates
+    what it receives along ``concat_dim``."""
+    return _device("all_to_all", tensors, dim=split_dim, dim2=concat_dim)
+
+
+def device_permute(tensors, pairs) -> list:
+    """Sends device ``src``'s tensor to device ``dst`` for each (src, dst); devices that
+    receive nothing get zeros."""
+    return _device("permute", tensors, pairs=pairs)

@@ -16,9 +16,9 @@ constexpr int kN = 4;
 const Builder::Groups kAll = {{0, 1, 2, 3}};
 
 pjrt::ClientPtr client4() {
-  static pjrt::ClientPtr c = pjrt::Client::create(
-      pjrt::Plugin::load(pjrt::find_plugin({TORCHTPU_SITE_PACKAGES})),
-      {{"cpu_device_count", int64_t{kN}}});
+  static pjrt::ClientPtr c =
+      pjrt::Client::create(pjrt::Plugin::load(pjrt::find_plugin({TORCHTPU_SITE_PACKAGES})),
+                           {{"cpu_device_count", int64_t{kN}}});
   return c;
 }
 

@@ -83,3 +83,52 @@ def test_dtensor_on_tpu_mesh():
 def test_mpmd_rank0_evaluates_without_recompiles(mode):
     for line in _ok(torchrun("mpmd.py", 2, args=(mode,)), 2):
         assert "0 compiles after warm-up" in line
+
+
+def test_in_process_device_collectives_are_programs():
+    from conftest import check_py
+
+    proc = check_py(
+        """
+        import time, torch, torchtpu
+        from torchtpu import distributed as td
+        n = 4
+        assert torch.tpu.device_count() == n
+        start = time.monotonic()
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            xs = [(torch.arange(12) % 5 - 2 + 3 * i).reshape(3, 4).to(dtype) for i in range(n)]
+            on = lambda: [x.to(f"tpu:{i}") for i, x in enumerate(xs)]
+            for op, ref in (("sum", sum(xs)), ("max", torch.stack(xs).amax(0)),
+                            ("min", torch.stack(xs).amin(0))):
+                ts = on()
+                td.device_all_reduce(ts, op)
+                for t in ts:
+                    assert torch.equal(t.cpu(), ref), (dtype, op, t, ref)
+            for d in (0, 1):
+                for g in td.device_all_gather(on(), dim=d):
+                    assert torch.equal(g.cpu(), torch.cat(xs, d))
+            rs = td.device_reduce_scatter(on(), dim=1)
+            for i, r in enumerate(rs):
+                assert torch.equal(r.cpu(), sum(xs).chunk(n, 1)[i]), (i, r)
+                assert r.device == torch.device("tpu", i)
+            a2a = td.device_all_to_all(on(), split_dim=1, concat_dim=0)
+            for j, r in enumerate(a2a):
+                assert torch.equal(r.cpu(), torch.cat([x.chunk(n, 1)[j] for x in xs], 0))
+            perm = td.device_permute(on(), [(i, (i + 1) % n) for i in range(n)])
+            for i, r in enumerate(perm):
+                assert torch.equal(r.cpu(), xs[(i - 1) % n])
+        seconds = time.monotonic() - start
+        stats = torchtpu.metrics()["collectives"]
+        assert all(v["host_copy_bytes"] == 0 for v in stats.values()), stats
+        assert stats["device_all_reduce"]["calls"] == 9, stats
+        try:
+            td.device_all_reduce([torch.ones(2, device="tpu:1"), torch.ones(2, device="tpu:0")])
+            raise SystemExit("expected an error")
+        except RuntimeError as e:
+            assert "must be on tpu:0" in str(e), e
+        print("SECONDS", seconds)
+        """,
+        env={"TORCHTPU_NUM_DEVICES": "4"},
+    )
+    seconds = float(proc.stdout.split("SECONDS")[1])
+    assert seconds < 5, seconds
