@@ -71,13 +71,17 @@ class Builder {
   Value compare(Cmp dir, Value a, Value b);  // compare type picked from dtype
   Value select(Value pred, Value on_true, Value on_false);
   Value clamp(Value lo, Value x, Value hi);
-  Value convert(Value x, DType to);  // no-op when dtype already matches
+  // No-op when dtype already matches; complex -> real keeps the real part.
+  Value convert(Value x, DType to);
+  // stablehlo.complex: a C64/C128 value from f32/f64 parts of one shape.
+  Value complex(Value re, Value im);
   // A CHLO op ("lgamma", "digamma", "polygamma", "zeta", ...) that the plugin
   // legalizes to StableHLO itself; operands of identical shapes.
   Value chlo(const char* op, const std::vector<Value>& args, const Type& out);
   Value bitcast_convert(Value x, DType to);  // same itemsize only
   // Reinterprets the bytes of a rank-1 value as another dtype (any element
-  // sizes; bool is read as one byte per element). Length scales accordingly.
+  // sizes; bool is read as one byte per element; complex as its interleaved
+  // real and imaginary parts). Length scales accordingly.
   Value reinterpret_flat(Value x, DType to);
 
   // --- shape
