@@ -215,7 +215,7 @@ TPU_LOWERING(elementwise_arith) {
     double e = k.toDouble();
     if (e == 1) return {x};
     if (e == 2) return {x * x};
-    if (is_float(x.v.dtype())) {
+    if (is_float(x.v.dtype()) || is_complex(x.v.dtype())) {
       if (e == 0.5) return {x.un("sqrt")};
       if (e == -0.5) return {x.un("rsqrt")};
       if (e == -1) return {1.0 / x};
@@ -305,9 +305,11 @@ TPU_LOWERING(elementwise_unary) {
   }
   for (const auto& [name, fn] : any_unary()) {
     Fn f = fn;
-    reg(name, [f](Ctx& c) -> V { return {f(arg_as(c, 0, math_dtype(c)))}; });
+    // A complex input keeps its dtype: abs of a complex value is real.
+    reg(name, [f](Ctx& c) -> V {
+      return {f(is_complex(c.in(0).dtype()) ? Ex(c.b, c.in(0)) : arg_as(c, 0, math_dtype(c)))};
+    });
   }
-  reg("sgn", *find_rule("sign"));
   // (self, eps?): log(x / (1 - x)) with x clamped to [eps, 1 - eps].
   reg("logit", [](Ctx& c) -> V {
     Ex x = arg_as(c, 0, math_dtype(c));
