@@ -40,7 +40,7 @@ BACKEND_ENV = (
     "TORCHTPU_FUSED_DONATE",
 )
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "int64", "int32", "bool")
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "int64", "int32", "bool", "complex64")
 SHORT = {
     "float32": "f32",
     "bfloat16": "bf16",
@@ -48,6 +48,7 @@ SHORT = {
     "int64": "i64",
     "int32": "i32",
     "bool": "bool",
+    "complex64": "c64",
 }
 
 # Default caps: the first N samples per op and dtype, inputs up to MAX_NUMEL elements.
@@ -148,8 +149,6 @@ def load_ops() -> tuple[dict, dict]:
             excluded[key] = "sparse"
         elif "quantized" in op.name:
             excluded[key] = "quantized"
-        elif dtypes and all(d.is_complex for d in dtypes):
-            excluded[key] = "complex-only"
         elif not dtypes:
             excluded[key] = "no CPU kernel (CUDA-only entry)"
         elif op.name.startswith("jiterator_"):
