@@ -307,16 +307,17 @@ class Block(torch.nn.Module):
         return self.out(h + self.wo(o))
 
 
-def _train(device, steps=5):
+def _train(device, steps=5, compiled=False):
     torch.manual_seed(0)
     model = Block().to(device)
+    fwd = torch.compile(model, backend="tpu") if compiled else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 50, (2, 8), generator=g)
     targets = torch.randint(0, 50, (2, 8), generator=g)
     losses = []
     for _ in range(steps):
-        logits = model(tokens.to(device))
+        logits = fwd(tokens.to(device))
         loss = F.cross_entropy(logits.view(-1, 50), targets.to(device).view(-1))
         opt.zero_grad()
         loss.backward()
