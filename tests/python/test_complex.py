@@ -161,6 +161,10 @@ UNARY = {
     "sigmoid": torch.sigmoid,
     "tanh": torch.tanh,
     "sin": torch.sin,
+    "sinh": torch.sinh,
+    "cosh": torch.cosh,
+    "asinh": torch.asinh,
+    "atanh": torch.atanh,
 }
 
 
@@ -185,6 +189,7 @@ BINARY = {
     "scalar_add": lambda a, b: a + 1j,
     "real_mul": lambda a, b: a * b.real,
     "eq": lambda a, b: a == a.conj(),
+    "lerp": lambda a, b: torch.lerp(a, b.expand_as(a), 0.3),
 }
 
 
@@ -217,6 +222,14 @@ def test_matmul_and_reductions():
     assert_tpu_close(da.sum(dim=1), a.sum(dim=1), **tol)
     assert_tpu_close(da.mean(), a.mean(), **tol)
     assert_tpu_close(da.mean(dim=(0, 2), keepdim=True), a.mean(dim=(0, 2), keepdim=True), **tol)
+    # Variances and norms of complex values are real.
+    assert_tpu_close(da.var(dim=1), a.var(dim=1), **tol)
+    assert_tpu_close(torch.std_mean(da, dim=2), torch.std_mean(a, dim=2), **tol)
+    for p in (2, 1, float("inf")):
+        assert_tpu_close(
+            torch.linalg.vector_norm(da, p, dim=-1), torch.linalg.vector_norm(a, p, dim=-1), **tol
+        )
+    assert_tpu_close(torch.norm(da), torch.norm(a), **tol)
 
 
 def test_printing():
