@@ -462,7 +462,9 @@ def _grads(op, sample, to_dev: bool, cotangent_seed: int):
     outs = [
         t
         for t in _leaves(out)
-        if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype.is_floating_point
+        if isinstance(t, torch.Tensor)
+        and t.requires_grad
+        and (t.dtype.is_floating_point or t.dtype.is_complex)
     ]
     if not outs:
         return None
