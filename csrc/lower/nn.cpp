@@ -43,8 +43,7 @@ Ex reduce_loss(const Ex& l, int64_t reduction) {
 
 TPU_LOWERING(nn_matmul) {
   for (const char* n : {"mm", "bmm", "dot", "mv", "vdot"}) {
-    const bool conj_self = std::string_view(n) == "vdot";
-    reg(n, [conj_self](Ctx& c) -> V {
+    reg(n, [conj_self = std::string_view(n) == "vdot"](Ctx& c) -> V {
       DType t = math_dtype(c);
       // Inputs stay in their dtype; the dot accumulates in t (f32 for bf16).
       DType in = promote(c.in(0).dtype(), c.in(1).dtype());
