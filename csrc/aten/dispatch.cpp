@@ -2,8 +2,10 @@
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
+#include <ATen/ops/conj_physical.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ne.h>
+#include <ATen/ops/neg.h>
 #include <ATen/ops/nonzero.h>
 #include <c10/util/Exception.h>
 
@@ -30,10 +32,33 @@ void record_copy(const at::Tensor& src, const at::Tensor& dst) {
   fused_record(op, op_info(op), &s);
 }
 
+// The values of a tpu tensor whose lazy conj()/neg bits are set, computed by
+// device ops on its raw view (programs read storages raw).
+at::Tensor resolve_bits(const at::Tensor& t) {
+  at::Tensor v = t;
+  if (v.is_conj()) v = at::conj_physical(v.conj());
+  if (v.is_neg()) v = at::neg(v._neg_view());
+  return v;
+}
+
 }  // namespace
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return dst;
+  // Lazy conj()/neg bits: dst's move to the source (x.conj().copy_(y) stores
+  // conj(y) in x), a tpu source's are resolved on the device, a host one's on
+  // the host.
+  if (dst.device().is_privateuseone() && (dst.is_conj() || dst.is_neg())) {
+    at::Tensor s = self, d = dst;
+    if (d.is_conj()) s = s.conj(), d = d.conj();
+    if (d.is_neg()) s = s._neg_view(), d = d._neg_view();
+    copy_from(s, d, non_blocking);
+    return dst;
+  }
+  if (self.device().is_privateuseone() && (self.is_conj() || self.is_neg()))
+    return copy_from(resolve_bits(self), dst, non_blocking);
+  if (self.is_complex() && !dst.is_complex() && dst.scalar_type() != at::kBool)
+    TORCH_WARN_ONCE("Casting complex values to real discards the imaginary part");
   if (dst.device().is_privateuseone()) at::assert_no_internal_overlap(dst);
   const bool fused = mode() == Mode::Fused;
   if (self.device().is_privateuseone() && dst.device().is_privateuseone()) {
@@ -43,7 +68,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       device_copy(self, dst);
   } else if (dst.device().is_privateuseone()) {
     // Host -> device: convert/broadcast on the host, then one upload.
-    at::Tensor src = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+    at::Tensor src =
+        self.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
     if (fused && fused_holds(device_storage(dst.storage()))) {
       // The graph uses dst: upload to a fresh tensor and record the write.
       at::Tensor tmp = at::empty(dst.sizes(), dst.options());
@@ -133,6 +159,23 @@ void expand_bool_indices(const OpInfo& info, torch::jit::Stack* stack, size_t fi
   (*stack)[first + arg] = out;
 }
 
+// Lazy conj()/neg bits reach a kernel only for the ops PyTorch lets them fall
+// through to (mm, bmm, dot, ...: CPU BLAS conjugates on the fly); rules read
+// storages raw, so those inputs are resolved first.
+void resolve_math_bits(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t first) {
+  const auto& schema = op.schema().arguments();
+  for (size_t i = 0; i < schema.size(); ++i) {
+    c10::IValue& v = (*stack)[first + i];
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !t.device().is_privateuseone() || !(t.is_conj() || t.is_neg())) continue;
+    const c10::AliasInfo* alias = schema[i].alias_info();
+    TORCH_CHECK(!alias || !alias->isWrite(), "[tpu] ", op.schema().name(),
+                ": cannot write into a conj() or neg view; call resolve_conj() first");
+    v = resolve_bits(t);
+  }
+}
+
 }  // namespace
 
 void run_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -140,6 +183,7 @@ void run_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   metrics().ops++;
   const size_t n = op.schema().arguments().size();
   try {
+    if (info.rule) resolve_math_bits(op, stack, stack->size() - n);
     if (info.rule) expand_bool_indices(info, stack, stack->size() - n);
     if (info.rule)
       return mode() == Mode::Fused ? fused_record(op, info, stack) : strict_run(op, info, stack);

@@ -79,7 +79,7 @@ void key_ivalue(std::string& k, const c10::IValue& v, bool scalar,
     }
   } else if (scalar) {
     // Runtime input: only its kind shapes the program (type promotion).
-    k.push_back(v.isDouble() ? 'f' : v.isBool() ? 'b' : 'i');
+    k.push_back(v.isDouble() ? 'f' : v.isBool() ? 'b' : v.isComplexDouble() ? 'c' : 'i');
   } else if (v.isInt()) {
     put(k, 'i');
     put(k, v.toInt());
@@ -108,6 +108,7 @@ void key_ivalue(std::string& k, const c10::IValue& v, bool scalar,
 
 DType scalar_dtype(const c10::IValue& v) {
   if (v.isDouble()) return DType::F64;
+  if (v.isComplexDouble()) return DType::C128;
   if (v.isBool()) return DType::Bool;
   return DType::I64;
 }
@@ -115,6 +116,7 @@ DType scalar_dtype(const c10::IValue& v) {
 // The pack a scalar of `d` travels in.
 DType pack_dtype(DType d) {
   if (d == DType::Bool) return DType::Bool;
+  if (is_complex(d)) return DType::C128;
   return is_float(d) ? DType::F64 : DType::I64;
 }
 
@@ -381,6 +383,10 @@ void add_scalar_packs(const ProgramEntry& entry, InputFeed& feed, int device,
       c10::Scalar v = feed.scalar(s);
       if (dtype == DType::F64) {
         put(bytes, v.toDouble());
+      } else if (dtype == DType::C128) {
+        c10::complex<double> z = v.toComplexDouble();
+        put(bytes, z.real());
+        put(bytes, z.imag());
       } else if (dtype == DType::Bool) {
         put(bytes, static_cast<uint8_t>(v.toBool()));
       } else {

@@ -6,7 +6,24 @@
 
 namespace torchtpu {
 
-enum class DType : uint8_t { Bool, I8, I16, I32, I64, U8, U16, U32, U64, F16, BF16, F32, F64 };
+// C64/C128: complex<f32>/complex<f64>, real and imaginary parts interleaved.
+enum class DType : uint8_t {
+  Bool,
+  I8,
+  I16,
+  I32,
+  I64,
+  U8,
+  U16,
+  U32,
+  U64,
+  F16,
+  BF16,
+  F32,
+  F64,
+  C64,
+  C128
+};
 
 constexpr size_t itemsize(DType t) {
   switch (t) {
@@ -22,7 +39,9 @@ constexpr size_t itemsize(DType t) {
     case DType::F32: return 4;
     case DType::I64:
     case DType::U64:
-    case DType::F64: return 8;
+    case DType::F64:
+    case DType::C64: return 8;
+    case DType::C128: return 16;
   }
   return 0;
 }
@@ -43,6 +62,8 @@ constexpr std::string_view mlir_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::F32: return "f32";
     case DType::F64: return "f64";
+    case DType::C64: return "complex<f32>";
+    case DType::C128: return "complex<f64>";
   }
   return "?";
 }
@@ -50,6 +71,13 @@ constexpr std::string_view mlir_name(DType t) {
 constexpr bool is_float(DType t) {
   return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64;
 }
+constexpr bool is_complex(DType t) { return t == DType::C64 || t == DType::C128; }
+// The real type of a complex type's parts; other types map to themselves.
+constexpr DType real_part_dtype(DType t) {
+  return t == DType::C64 ? DType::F32 : t == DType::C128 ? DType::F64 : t;
+}
+// The complex type whose parts are `t` (F32 -> C64, F64 -> C128).
+constexpr DType complex_dtype(DType t) { return t == DType::F64 ? DType::C128 : DType::C64; }
 constexpr bool is_unsigned(DType t) {
   return t == DType::U8 || t == DType::U16 || t == DType::U32 || t == DType::U64;
 }

@@ -81,6 +81,7 @@ std::string float_literal(double v, DType t) {
 
 std::string literal(double v, DType t) {
   if (is_float(t)) return float_literal(v, t);
+  if (is_complex(t)) return "(" + float_literal(v, real_part_dtype(t)) + ", 0.0)";
   if (t == DType::Bool) return v != 0 ? "true" : "false";
   if (std::isnan(v)) return "0";
   // Truncate toward zero like a float->int cast; saturate beyond 64 bits.
@@ -302,7 +303,7 @@ std::string Builder::module() const {
 Value Builder::constant(double v, DType dtype) { return splat(v, Type{dtype, {}}); }
 
 Value Builder::constant_int(int64_t v, DType dtype) {
-  if (is_float(dtype)) return constant(static_cast<double>(v), dtype);
+  if (is_float(dtype) || is_complex(dtype)) return constant(static_cast<double>(v), dtype);
   Type t{dtype, {}};
   return emit("stablehlo.constant dense<" + int_literal(v, dtype) + "> : " + t.str(), t);
 }
@@ -321,7 +322,9 @@ Value Builder::iota(const Type& type, int64_t dim) {
 
 Value Builder::unary(const char* opname, Value x) {
   Type out = x.type;
-  if (std::string_view(opname) == "is_finite") out.dtype = DType::Bool;
+  std::string_view n(opname);
+  if (n == "is_finite") out.dtype = DType::Bool;
+  if (n == "abs" || n == "real" || n == "imag") out.dtype = real_part_dtype(x.dtype());
   return op(opname, {x}, "", out);
 }
 
@@ -380,7 +383,9 @@ Value Builder::compare(Cmp dir, Value a, Value b) {
   if (!(a.type == b.type))
     fail("compare", "operand types differ: " + a.type.str() + " vs " + b.type.str());
   DType t = a.dtype();
-  const char* kind = is_float(t) ? "FLOAT" : is_signed_int(t) ? "SIGNED" : "UNSIGNED";
+  const char* kind = is_float(t) || is_complex(t) ? "FLOAT"
+                     : is_signed_int(t)           ? "SIGNED"
+                                                  : "UNSIGNED";
   std::string attrs = std::string("comparison_direction = #stablehlo<comparison_direction ") +
                       cmp_name(dir) + ">, compare_type = #stablehlo<comparison_type " + kind + ">";
   return op("compare", {a, b}, attrs, Type{DType::Bool, a.shape()});
@@ -403,7 +408,21 @@ Value Builder::clamp(Value lo, Value x, Value hi) {
 
 Value Builder::convert(Value x, DType to) {
   if (x.dtype() == to) return x;
+  // XLA converts neither way between complex and real: as torch, a complex
+  // value casts to its real part, a real one gains a zero imaginary part.
+  if (is_complex(x.dtype()) && !is_complex(to)) return convert(unary("real", x), to);
+  if (!is_complex(x.dtype()) && is_complex(to)) {
+    Value re = convert(x, real_part_dtype(to));
+    return complex(re, splat(0, re.type));
+  }
   return op("convert", {x}, "", Type{to, x.shape()});
+}
+
+Value Builder::complex(Value re, Value im) {
+  if (!(re.type == im.type) || (re.dtype() != DType::F32 && re.dtype() != DType::F64))
+    fail("complex",
+         "parts must be f32 or f64 of one type: " + re.type.str() + ", " + im.type.str());
+  return op("complex", {re, im}, "", Type{complex_dtype(re.dtype()), re.shape()});
 }
 
 Value Builder::bitcast_convert(Value x, DType to) {
@@ -417,6 +436,24 @@ Value Builder::bitcast_convert(Value x, DType to) {
 Value Builder::reinterpret_flat(Value x, DType to) {
   if (x.dtype() == to) return x;
   if (x.rank() != 1) fail("reinterpret_flat", "expects a rank-1 value, got " + x.type.str());
+  // Complex values have no bitcast in XLA: they are read and made as their
+  // interleaved (real, imaginary) parts.
+  if (is_complex(x.dtype())) {
+    const int64_t n = x.shape()[0];
+    Type col{real_part_dtype(x.dtype()), {n, 1}};
+    Value parts = concatenate(
+        {reshape(unary("real", x), col.shape), reshape(unary("imag", x), col.shape)}, 1);
+    return reinterpret_flat(reshape(parts, {2 * n}), to);
+  }
+  if (is_complex(to)) {
+    Value flat = reinterpret_flat(x, real_part_dtype(to));
+    const int64_t n = flat.shape()[0];
+    if (n % 2 != 0) fail("reinterpret_flat", "length is not a whole number of complex elements");
+    Value pairs = reshape(flat, {n / 2, 2});
+    Value re = reshape(slice(pairs, {0, 0}, {n / 2, 1}, {1, 1}), {n / 2});
+    Value im = reshape(slice(pairs, {0, 1}, {n / 2, 2}, {1, 1}), {n / 2});
+    return complex(re, im);
+  }
   if (x.dtype() == DType::Bool) x = convert(x, DType::U8);
   DType target = to == DType::Bool ? DType::U8 : to;
   const int64_t a = static_cast<int64_t>(itemsize(x.dtype()));

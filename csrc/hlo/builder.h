@@ -41,6 +41,8 @@ class BuildError : public std::runtime_error {
 };
 
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
+// stablehlo.fft kinds; the inverse ones (IFFT, IRFFT) divide by the length.
+enum class Fft { FFT, IFFT, RFFT, IRFFT };
 enum class Reducer { Add, Mul, Max, Min, And, Or };
 
 class Builder {
@@ -71,13 +73,17 @@ class Builder {
   Value compare(Cmp dir, Value a, Value b);  // compare type picked from dtype
   Value select(Value pred, Value on_true, Value on_false);
   Value clamp(Value lo, Value x, Value hi);
-  Value convert(Value x, DType to);  // no-op when dtype already matches
+  // No-op when dtype already matches; complex -> real keeps the real part.
+  Value convert(Value x, DType to);
+  // stablehlo.complex: a C64/C128 value from f32/f64 parts of one shape.
+  Value complex(Value re, Value im);
   // A CHLO op ("lgamma", "digamma", "polygamma", "zeta", ...) that the plugin
   // legalizes to StableHLO itself; operands of identical shapes.
   Value chlo(const char* op, const std::vector<Value>& args, const Type& out);
   Value bitcast_convert(Value x, DType to);  // same itemsize only
   // Reinterprets the bytes of a rank-1 value as another dtype (any element
-  // sizes; bool is read as one byte per element). Length scales accordingly.
+  // sizes; bool is read as one byte per element; complex as its interleaved
+  // real and imaginary parts). Length scales accordingly.
   Value reinterpret_flat(Value x, DType to);
 
   // --- shape
@@ -121,7 +127,7 @@ class Builder {
   // Cholesky factor of a [..., n, n]; only the chosen triangle is defined.
   Value cholesky(Value a, bool lower);
 
-  // --- convolution and windows (builder_conv.cpp)
+  // --- convolution, windows and FFT (builder_conv.cpp)
   // stablehlo.convolution on NC(D)HW input, OI(D)HW kernel, NC(D)HW output.
   // Empty strides/dilations mean 1, empty padding 0 (padding may be negative).
   Value convolution(Value lhs, Value rhs, const std::vector<int64_t>& window_strides,
@@ -129,6 +135,10 @@ class Builder {
                     const std::vector<int64_t>& lhs_dilation,
                     const std::vector<int64_t>& rhs_dilation, int64_t feature_group_count,
                     int64_t batch_group_count, DType out);
+  // stablehlo.fft over x's trailing lengths.size() dims (1 to 3). RFFT takes a
+  // real x and halves the last dim to n/2+1; IRFFT takes that many complex
+  // values and returns lengths.back() real ones.
+  Value fft(Value x, Fft type, const Shape& lengths);
   // reduce_window with window dilations (empty = 1).
   Value reduce_window_dilated(Value x, Value init, Reducer r, const Shape& window,
                               const Shape& strides, const Shape& dilations, const Shape& pad_lo,

@@ -1,4 +1,4 @@
-// StableHLO text emission: convolution and dilated / arg-max window reductions.
+// StableHLO text emission: convolution, dilated / arg-max window reductions, FFT.
 #include <cmath>
 #include <limits>
 
@@ -171,6 +171,35 @@ std::pair<Value, Value> Builder::reduce_window_argmax(Value x, Value idx, const 
   auto r =
       emit_multi(generic("reduce_window", {x, idx, init_v, init_i}, w.attrs, outs, body), outs);
   return {r[0], r[1]};
+}
+
+Value Builder::fft(Value x, Fft type, const Shape& lengths) {
+  const int64_t r = x.rank(), k = static_cast<int64_t>(lengths.size());
+  if (k < 1 || k > 3 || k > r)
+    fail("fft", "needs 1 to 3 lengths, at most the rank of " + x.type.str());
+  const bool real_in = type == Fft::RFFT;
+  if (real_in != !is_complex(x.dtype()) ||
+      (real_in && x.dtype() != DType::F32 && x.dtype() != DType::F64))
+    fail("fft", "wrong element type " + x.type.str());
+  Type out = x.type;
+  const int64_t n = lengths.back();
+  Shape expect(x.shape().end() - k, x.shape().end());
+  if (type == Fft::RFFT) {
+    out = Type{complex_dtype(x.dtype()), x.shape()};
+    out.shape.back() = n / 2 + 1;
+  } else if (type == Fft::IRFFT) {
+    out = Type{real_part_dtype(x.dtype()), x.shape()};
+    out.shape.back() = n;
+    expect.back() = n;
+    if (x.shape().back() != n / 2 + 1)
+      fail("fft", "IRFFT input needs n/2+1 values in its last dim");
+  }
+  if (expect != lengths) fail("fft", "lengths differ from the trailing dims of " + x.type.str());
+  static const char* names[] = {"FFT", "IFFT", "RFFT", "IRFFT"};
+  std::string attrs = std::string("fft_type = #stablehlo<fft_type ") +
+                      names[static_cast<int>(type)] +
+                      ">, fft_length = array<i64: " + ints(lengths) + ">";
+  return op("fft", {x}, attrs, out);
 }
 
 }  // namespace torchtpu::hlo

@@ -57,6 +57,7 @@ const std::vector<std::pair<const char*, Fn>>& float_unary() {
       {"atan", [](Ex x) { return x.bin("atan2", x.k(1)); }},
       {"sinh",
        [](Ex x) {
+         if (is_complex(x.v.dtype())) return (x.un("exponential") - (-x).un("exponential")) * 0.5;
          Ex a = x.un("abs"), e = (a * 0.5).un("exponential");
          Ex big = e * (e * 0.5) - 0.5 / (e * e);
          Ex small = (x.un("exponential_minus_one") - (-x).un("exponential_minus_one")) * 0.5;
@@ -64,12 +65,19 @@ const std::vector<std::pair<const char*, Fn>>& float_unary() {
        }},
       {"cosh",
        [](Ex x) {
+         if (is_complex(x.v.dtype())) return (x.un("exponential") + (-x).un("exponential")) * 0.5;
          Ex e = (x.un("abs") * 0.5).un("exponential");
          return e * (e * 0.5) + 0.5 / (e * e);
        }},
       {"tanh", [](Ex x) { return x.un("tanh"); }},
       {"asinh",
        [](Ex x) {
+         if (is_complex(x.v.dtype())) {
+           // Odd: computed where Re >= 0, so the sum does not cancel.
+           Ex re = x.un("real"), neg = is_neg(re), w = where(neg, -x, x);
+           Ex r = (w + (w * w + 1.0).un("sqrt")).un("log");
+           return where(neg, -r, r);
+         }
          Ex a = x.un("abs");
          Ex r = (a + a * a / (1.0 + (1.0 + a * a).un("sqrt"))).un("log_plus_one");
          r = where(a.cmp(Cmp::GT, a.k(std::ldexp(1.0, 30))), a.un("log") + kLn2, r);
@@ -83,6 +91,7 @@ const std::vector<std::pair<const char*, Fn>>& float_unary() {
        }},
       {"atanh",
        [](Ex x) {
+         if (is_complex(x.v.dtype())) return (x.un("log_plus_one") - (-x).un("log_plus_one")) * 0.5;
          Ex a = x.un("abs");
          return flip_sign(is_neg(x), (2.0 * a / (1.0 - a)).un("log_plus_one") * 0.5);
        }},
@@ -215,7 +224,7 @@ TPU_LOWERING(elementwise_arith) {
     double e = k.toDouble();
     if (e == 1) return {x};
     if (e == 2) return {x * x};
-    if (is_float(x.v.dtype())) {
+    if (is_float(x.v.dtype()) || is_complex(x.v.dtype())) {
       if (e == 0.5) return {x.un("sqrt")};
       if (e == -0.5) return {x.un("rsqrt")};
       if (e == -1) return {1.0 / x};
@@ -277,7 +286,8 @@ TPU_LOWERING(elementwise_arith) {
       Ex a = arg_as(c, 0, t), e = arg_as(c, 1, t), w = arg_as(c, 2, t);
       // torch's two-sided form keeps lerp exact at both ends.
       Ex d = e - a;
-      return {where(w.un("abs").cmp(Cmp::LT, w.k(0.5)), a + w * d, e - d * (1.0 - w))};
+      Ex aw = w.un("abs");  // real for complex weights too
+      return {where(aw.cmp(Cmp::LT, aw.k(0.5)), a + w * d, e - d * (1.0 - w))};
     });
   }
   reg("addcmul", [](Ctx& c) -> V {
@@ -305,9 +315,11 @@ TPU_LOWERING(elementwise_unary) {
   }
   for (const auto& [name, fn] : any_unary()) {
     Fn f = fn;
-    reg(name, [f](Ctx& c) -> V { return {f(arg_as(c, 0, math_dtype(c)))}; });
+    // A complex input keeps its dtype: abs of a complex value is real.
+    reg(name, [f](Ctx& c) -> V {
+      return {f(is_complex(c.in(0).dtype()) ? Ex(c.b, c.in(0)) : arg_as(c, 0, math_dtype(c)))};
+    });
   }
-  reg("sgn", *find_rule("sign"));
   // (self, eps?): log(x / (1 - x)) with x clamped to [eps, 1 - eps].
   reg("logit", [](Ctx& c) -> V {
     Ex x = arg_as(c, 0, math_dtype(c));

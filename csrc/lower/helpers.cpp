@@ -162,8 +162,10 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 // Mirrors c10's category combining: a higher-priority group only widens the
-// result when it brings a higher category (bool < int < float).
-static int category(DType t) { return t == DType::Bool ? 0 : is_float(t) ? 2 : 1; }
+// result when it brings a higher category (bool < int < float < complex).
+static int category(DType t) {
+  return t == DType::Bool ? 0 : is_complex(t) ? 3 : is_float(t) ? 2 : 1;
+}
 
 DType result_type(const std::vector<Operand>& ops) {
   std::optional<DType> r[3];
@@ -181,6 +183,7 @@ DType result_type(const std::vector<Operand>& ops) {
 Operand scalar_operand(const c10::IValue& s) {
   if (s.isBool()) return {DType::Bool, 2};
   if (s.isInt() || s.isSymInt()) return {DType::I64, 2};
+  if (s.isComplexDouble()) return {DType::C64, 2};
   return {DType::F32, 2};
 }
 

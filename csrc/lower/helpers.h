@@ -88,6 +88,9 @@ inline Ex scalar(Builder& b, double c, DType t) { return Ex(b, b.constant(c, t))
 // keeping x's dim order: the result has m's free dim at position d.
 Value contract(Builder& b, Value x, int64_t d, Value m, int64_t md);
 
+// Complex conjugate; real values pass unchanged (complex.cpp).
+Ex conj(const Ex& z);
+
 // Singular values of a [..., m, n], descending, in a's dtype (linalg_eig.cpp).
 Ex singular_values(const Ex& a);
 

@@ -2,6 +2,7 @@
 #include <ATen/ops/empty.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lower/helpers.h"
@@ -42,11 +43,13 @@ Ex reduce_loss(const Ex& l, int64_t reduction) {
 
 TPU_LOWERING(nn_matmul) {
   for (const char* n : {"mm", "bmm", "dot", "mv", "vdot"}) {
-    reg(n, [](Ctx& c) -> V {
+    reg(n, [conj_self = std::string_view(n) == "vdot"](Ctx& c) -> V {
       DType t = math_dtype(c);
       // Inputs stay in their dtype; the dot accumulates in t (f32 for bf16).
       DType in = promote(c.in(0).dtype(), c.in(1).dtype());
-      return {matmul(c.b, c.b.convert(c.in(0), in), c.b.convert(c.in(1), in), t)};
+      Value x = c.b.convert(c.in(0), in);
+      if (conj_self) x = conj(Ex(c.b, x));
+      return {matmul(c.b, x, c.b.convert(c.in(1), in), t)};
     });
   }
   // (self, a, b, *, beta, alpha)

@@ -15,9 +15,13 @@ using hlo::Cmp;
 using hlo::Reducer;
 using V = std::vector<Value>;
 
-// Input 0 converted to the compute dtype of output k.
+// Input 0 converted to the compute dtype of output k; a complex input stays
+// complex (norms and variances of complex values are real).
 Ex input(Ctx& c, int i = 0, int k = 0) {
-  return Ex(c.b, c.b.convert(c.in(i), compute_dtype(c.out(k).dtype)));
+  DType t = compute_dtype(c.out(k).dtype);
+  Value x = c.in(i);
+  if (is_complex(x.dtype()) && !is_complex(t)) t = complex_dtype(t);
+  return Ex(c.b, c.b.convert(x, t));
 }
 // An int[]? / int[] / int dims argument (None or [] = all dims), wrapped and sorted.
 // i < 0: the overload has no dims argument.
@@ -55,10 +59,11 @@ std::pair<Ex, Ex> var_mean(Ctx& c, int dim_arg, int corr_arg, int keep_arg) {
   double n = count(x.v.shape(), dims);
   Ex mean = reduce(x, dims, Reducer::Add, true) / n;
   Ex d = x - mean;
+  if (is_complex(d.v.dtype())) d = d.un("abs");  // |x - mean|^2
   Ex ss = reduce(d * d, dims, Reducer::Add, keep);
-  Ex corr =
-      c.is_none(corr_arg) ? scalar(c.b, 1, x.v.dtype()) : Ex(c.b, c.scalar(corr_arg, x.v.dtype()));
-  Ex dof = maximum(scalar(c.b, n, x.v.dtype()) - corr, corr.k(0));
+  DType rt = d.v.dtype();
+  Ex corr = c.is_none(corr_arg) ? scalar(c.b, 1, rt) : Ex(c.b, c.scalar(corr_arg, rt));
+  Ex dof = maximum(scalar(c.b, n, rt) - corr, corr.k(0));
   Value m = keep ? mean.v : c.b.reshape(mean.v, reduced_shape(x.v.shape(), dims, false));
   return {ss / dof, Ex(c.b, m)};
 }

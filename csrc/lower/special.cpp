@@ -452,10 +452,6 @@ TPU_LOWERING(special_polynomials) {
 }
 
 TPU_LOWERING(special_misc) {
-  unary("angle", [](Ex x) {
-    // Real input: pi for negatives, 0 otherwise, NaN stays NaN.
-    return where(is_nan(x), x, where(is_neg(x), x.k(kPi), x.k(0)));
-  });
   reg("signbit", [](Ctx& c) -> V {
     Ex x(c.b, c.in(0));
     DType t = x.v.dtype();

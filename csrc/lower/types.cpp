@@ -19,10 +19,13 @@ DType to_dtype(c10::ScalarType t) {
     case c10::ScalarType::BFloat16: return DType::BF16;
     case c10::ScalarType::Float: return DType::F32;
     case c10::ScalarType::Double: return DType::F64;
+    case c10::ScalarType::ComplexFloat: return DType::C64;
+    case c10::ScalarType::ComplexDouble: return DType::C128;
     default:
       TORCH_CHECK_TYPE(false, "[tpu] dtype ", t,
                        " is not supported on the tpu device; supported: float32, float64, "
-                       "bfloat16, float16, int8/16/32/64, uint8, bool. Cast the tensor first.");
+                       "bfloat16, float16, complex64, complex128, int8/16/32/64, uint8, bool. Cast "
+                       "the tensor first.");
   }
 }
 
@@ -41,6 +44,8 @@ c10::ScalarType to_scalar_type(DType t) {
     case DType::BF16: return c10::ScalarType::BFloat16;
     case DType::F32: return c10::ScalarType::Float;
     case DType::F64: return c10::ScalarType::Double;
+    case DType::C64: return c10::ScalarType::ComplexFloat;
+    case DType::C128: return c10::ScalarType::ComplexDouble;
   }
   return c10::ScalarType::Undefined;
 }

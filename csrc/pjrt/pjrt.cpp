@@ -181,6 +181,8 @@ PJRT_Buffer_Type to_pjrt(DType t) {
     case DType::BF16: return PJRT_Buffer_Type_BF16;
     case DType::F32: return PJRT_Buffer_Type_F32;
     case DType::F64: return PJRT_Buffer_Type_F64;
+    case DType::C64: return PJRT_Buffer_Type_C64;
+    case DType::C128: return PJRT_Buffer_Type_C128;
   }
   throw Error("invalid DType " + std::to_string(static_cast<int>(t)));
 }
@@ -200,10 +202,13 @@ DType from_pjrt(PJRT_Buffer_Type t) {
     case PJRT_Buffer_Type_BF16: return DType::BF16;
     case PJRT_Buffer_Type_F32: return DType::F32;
     case PJRT_Buffer_Type_F64: return DType::F64;
+    case PJRT_Buffer_Type_C64: return DType::C64;
+    case PJRT_Buffer_Type_C128: return DType::C128;
     default: break;
   }
-  throw Error("PJRT buffer element type " + std::to_string(static_cast<int>(t)) +
-              " has no torchtpu DType; the program must only produce bool/int/float outputs");
+  throw Error(
+      "PJRT buffer element type " + std::to_string(static_cast<int>(t)) +
+      " has no torchtpu DType; the program must only produce bool/int/float/complex outputs");
 }
 
 // Wraps a freshly produced PJRT buffer, reading its element type and shape.

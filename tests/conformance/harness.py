@@ -42,7 +42,7 @@ BACKEND_ENV = (
     "TORCHTPU_FUSED_DONATE",
 )
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "int64", "int32", "bool")
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "int64", "int32", "bool", "complex64")
 SHORT = {
     "float32": "f32",
     "bfloat16": "bf16",
@@ -50,6 +50,7 @@ SHORT = {
     "int64": "i64",
     "int32": "i32",
     "bool": "bool",
+    "complex64": "c64",
 }
 
 # Default caps: the first N samples per op and dtype, inputs up to MAX_NUMEL elements.
@@ -150,8 +151,6 @@ def load_ops() -> tuple[dict, dict]:
             excluded[key] = "sparse"
         elif "quantized" in op.name:
             excluded[key] = "quantized"
-        elif dtypes and all(d.is_complex for d in dtypes):
-            excluded[key] = "complex-only"
         elif not dtypes:
             excluded[key] = "no CPU kernel (CUDA-only entry)"
         elif op.name.startswith("jiterator_"):
@@ -465,7 +464,9 @@ def _grads(op, sample, to_dev: bool, cotangent_seed: int):
     outs = [
         t
         for t in _leaves(out)
-        if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype.is_floating_point
+        if isinstance(t, torch.Tensor)
+        and t.requires_grad
+        and (t.dtype.is_floating_point or t.dtype.is_complex)
     ]
     if not outs:
         return None

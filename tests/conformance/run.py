@@ -437,7 +437,7 @@ def render(results: dict, excluded: dict, meta: dict) -> str:
             f" ({meta['jobs']} worker(s), {meta['machine']}); compile cache: {_cache_line(s)}"
         ),
         (
-            f"- op_db entries: {s['ops_in_op_db']}; excluded {s['excluded']} (sparse, complex-only,"
+            f"- op_db entries: {s['ops_in_op_db']}; excluded {s['excluded']} (sparse, quantized,"
             f" CUDA-only, float8-only, storage-layout dependent; listed at the end); tested **{s['ops']}**"
         ),
         (
@@ -448,7 +448,7 @@ def render(results: dict, excluded: dict, meta: dict) -> str:
         ),
         (
             f"- Forward in the op's primary dtype (float32, or its first supported dtype among"
-            f" int64/int32/bool for integer-only ops), native: {_pct(s['fwd_primary_native'], s['ops'])}"
+            f" int64/int32/bool/complex64 for ops without one), native: {_pct(s['fwd_primary_native'], s['ops'])}"
         ),
         (
             f"- **Backward float32 (gradients of every differentiable input), native, matching:"
@@ -520,8 +520,7 @@ def render(results: dict, excluded: dict, meta: dict) -> str:
             " `convolution_overrideable` stub, which the fallback cannot reach); **decomposed**"
             " everything ran on the device, some op through its `torch._decomp` decomposition"
             " (the op has no rule; counted in `metrics()['decomposed']`); **error** no"
-            " fallback needed but every forward sample of the primary dtype raised (often an"
-            " unsupported dtype such as complex); **crash**/"
+            " fallback needed but every forward sample of the primary dtype raised; **crash**/"
             "**timeout** the worker process died or exceeded the per-op limit (the op's remaining"
             " samples are lost, the sweep goes on with a new worker)."
         ),

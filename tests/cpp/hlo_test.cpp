@@ -607,6 +607,47 @@ TEST(HloRun, ReduceWindowDilatedAndArgmax) {
   expect_vec<int64_t>(out[4], {1, 1}, {3});  // torch CPU keeps the last NaN
 }
 
+// Complex values: XLA has no bitcast between complex and real types, so
+// reinterpret_flat and convert go through the parts.
+TEST(HloRun, ComplexPartsReinterpretAndConvert) {
+  Host x = f32({4}, {1, 2, 3, -4});  // (1+2i), (3-4i) as interleaved pairs
+  auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {
+    Value z = b.reinterpret_flat(p[0], DType::C64);
+    Value sq = b.binary("multiply", z, z);
+    Value back = b.reinterpret_flat(sq, DType::F32);
+    Value one = b.convert(b.splat(1.5, Type{DType::F32, {2}}), DType::C64);
+    Value sum = b.reinterpret_flat(b.binary("add", z, one), DType::F32);
+    return std::vector<Value>{back, b.convert(z, DType::F32), b.unary("abs", z), sum,
+                              b.convert(z, DType::C128)};
+  });
+  expect_vec<float>(out[0], {4}, {-3, 4, -7, -24});
+  expect_vec<float>(out[1], {2}, {1, 3});
+  expect_vec<float>(out[2], {2}, {std::sqrt(5.0f), 5});
+  expect_vec<float>(out[3], {4}, {2.5, 2, 4.5, -4});
+  EXPECT_EQ(out[4].type.dtype, DType::C128);
+  expect_vec<double>(out[4], {2}, {1, 2, 3, -4});
+}
+
+TEST(HloRun, FftKinds) {
+  Host x = f32({2, 4}, {1, 0, 0, 0, 1, 1, 1, 1});
+  auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {
+    Value r = b.fft(p[0], Fft::RFFT, {4});  // [2, 3] complex
+    Value back = b.fft(r, Fft::IRFFT, {4});
+    Value full = b.fft(b.convert(p[0], DType::C64), Fft::FFT, {2, 4});
+    Value inv = b.fft(full, Fft::IFFT, {2, 4});
+    Value re = b.reinterpret_flat(b.reshape(r, {6}), DType::F32);
+    return std::vector<Value>{re, back, b.convert(inv, DType::F32)};
+  });
+  // An impulse has a flat spectrum; ones put everything in bin 0.
+  expect_vec<float>(out[0], {12}, {1, 0, 1, 0, 1, 0, 4, 0, 0, 0, 0, 0});
+  expect_vec<float>(out[1], {2, 4}, {1, 0, 0, 0, 1, 1, 1, 1});
+  expect_vec<float>(out[2], {2, 4}, {1, 0, 0, 0, 1, 1, 1, 1});
+  Builder b;
+  Value c = b.param(Type{DType::C64, {2, 3}});
+  std::string bad = build_error([&] { b.fft(c, Fft::IRFFT, {8}); });
+  EXPECT_NE(bad.find("n/2+1"), std::string::npos) << bad;
+}
+
 }  // namespace
 // Whole floats that print with an exponent ("1e+09") must still parse as floats.
 TEST(HloRun, LargeWholeFloatConstantsParse) {

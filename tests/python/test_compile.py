@@ -403,3 +403,21 @@ def test_cpu_tensors_train_like_cpu_eager():
         return losses
 
     assert _rel(run(True), run(False)) <= 1e-5
+
+
+def test_complex_rope_and_fft_compiled():
+    """Complex RoPE (polar, view_as_complex, complex mul) and FFTs under compile."""
+    from test_complex import _train
+
+    ref, _ = _train("cpu", steps=3)
+    got, _ = _train("tpu", steps=3, compiled=True)
+    assert _rel(got, ref) <= 1e-5, (got, ref)
+    x = torch.randn(4, 16)
+    fn = torch.compile(lambda t: torch.fft.rfft2(t).abs().sum(), backend="tpu")
+    dx = x.to("tpu").requires_grad_()
+    cx = x.clone().requires_grad_()
+    out, ref_out = fn(dx), torch.fft.rfft2(cx).abs().sum()
+    out.backward()
+    ref_out.backward()
+    assert_tpu_close(out, ref_out.detach(), rtol=1e-5, atol=1e-4)
+    assert_tpu_close(dx.grad, cx.grad, rtol=1e-4, atol=1e-4)
