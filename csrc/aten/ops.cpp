@@ -192,7 +192,4 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_op>());
 }
 
-// Autocast on tpu: no per-op policies yet, so ops run in their own dtypes.
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
-
 }  // namespace torchtpu::aten
