@@ -187,7 +187,7 @@ def test_autocast_under_compile(where):
             h, logits, p = net(x)
             return h, logits, p, F.cross_entropy(logits, y)
 
-    compiled = torch.compile(step, backend="tpu")
+    compiled = torch.compile(step, backend="tpu", fullgraph=True)
     results = []
     for fn in (step, compiled):
         net.zero_grad()
