@@ -37,7 +37,7 @@ DEPENDS = {
 
 # csrc/aten files by rank, top (0) to bottom: (rank name, file stems).
 ATEN_RANKS = (
-    ("registration", ("ops", "dynamic_ops", "meta_kernels", "device")),
+    ("registration", ("ops", "dynamic_ops", "meta_kernels", "device", "autocast")),
     ("mode decided", ("dispatch",)),
     ("runners", ("strict", "fused", "fused_record", "fused_run", "fused_graph", "copy")),
     ("program", ("program", "output_meta", "foreach", "op_info")),

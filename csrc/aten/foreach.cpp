@@ -83,6 +83,7 @@ class ElementCtx final : public lower::Ctx {
   }
   Value scalar_at(int j, int k, DType as) override { return outer_.scalar_at(source(j), k, as); }
   void update(int, Value) override { unsupported("writes an argument"); }
+  void update_at(int, int, Value) override { unsupported("writes an argument"); }
   Value rng_state(int64_t) override { unsupported("draws random numbers"); }
 
  private:

@@ -1,6 +1,8 @@
 // Meta kernels PyTorch does not register for a few ops that reach the tpu
 // backend; the executor needs an op's output metadata before lowering it.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -79,9 +81,33 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> lstsq_meta(
   return {solution, residuals, rank, sv};
 }
 
+// Fused optimizer steps return nothing and only write their arguments; some
+// overloads have no Meta kernel in PyTorch. Their lists must agree in length.
+void fused_step_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  std::optional<size_t> len;
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (!v.isTensorList() || v.toTensorList().empty()) continue;
+    const size_t k = v.toTensorList().size();
+    TORCH_CHECK(!len || *len == k, op.schema().name(),
+                ": expected tensor lists of the same length, got ", *len, " and ", k);
+    len = k;
+  }
+  torch::jit::drop(*stack, n);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  for (const char* name : {"_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_"}) {
+    for (const char* overload : {"", "tensor_lr"}) {
+      auto h = c10::Dispatcher::singleton().findSchema({std::string("aten::") + name, overload});
+      const std::string op = std::string(name) + (*overload ? "." : "") + overload;
+      if (h && !h->hasKernelForDispatchKey(c10::DispatchKey::Meta))
+        m.impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&fused_step_meta>());
+    }
+  }
   m.impl("linalg_lstsq.out", TORCH_FN(lstsq_meta));
   m.impl("_cummax_helper", TORCH_FN(cum_helper_meta));
   m.impl("_cummin_helper", TORCH_FN(cum_helper_meta));

@@ -84,6 +84,10 @@ std::unique_ptr<OpInfo> make_info(const c10::FunctionSchema& s) {
   info->spec = &lower::spec_of(lower::base_name(info->name));
   for (int i : info->spec->attribute_scalars)
     if (i < static_cast<int>(info->scalar_arg.size())) info->scalar_arg[i] = 0;
+  for (int i : info->spec->runtime_floats)
+    if (i < static_cast<int>(s.arguments().size()) &&
+        s.arguments()[i].type()->kind() == c10::TypeKind::FloatType)
+      info->scalar_arg[i] = 1;
   return info;
 }
 

@@ -221,7 +221,4 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
-// Autocast on tpu: no per-op policies yet, so ops run in their own dtypes.
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
-
 }  // namespace torchtpu::aten

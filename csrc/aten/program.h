@@ -157,6 +157,7 @@ class CallCtx final : public lower::Ctx {
   void update(int i, hlo::Value v) override {
     if (!is_none(i)) write(arg(i).toTensor(), v);
   }
+  void update_at(int i, int e, hlo::Value v) override { write(arg(i).toTensorList().get(e), v); }
   hlo::Value rng_state(int64_t numel) override;
 
   void write(const at::Tensor& t, hlo::Value v) { p_.write(slot_of_(t), t, v, *info_.spec); }

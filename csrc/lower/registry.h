@@ -42,8 +42,9 @@ class Ctx {
   virtual Value in(int i) = 0;
   // Tensor[] / Tensor?[] argument; absent entries of Tensor?[] are invalid Values.
   virtual std::vector<Value> list(int i) = 0;
-  // A Scalar argument, passed to the program at run time (so a changing
-  // learning rate never recompiles), converted to `as`.
+  // A Scalar argument (or a float one its spec lists in runtime_floats),
+  // passed to the program at run time (so a changing learning rate never
+  // recompiles), converted to `as`.
   virtual Value scalar(int i, DType as) = 0;
   // Element e of a Scalar[] argument, passed at run time like `scalar`.
   virtual Value scalar_at(int i, int e, DType as) = 0;
@@ -59,6 +60,9 @@ class Ctx {
   // Writes `v` into mutable tensor argument i (a `Tensor(a!)` the op updates
   // without returning it, e.g. BatchNorm's running stats); no-op when absent.
   virtual void update(int i, Value v) = 0;
+  // Writes `v` into element e of mutable Tensor[] argument i (a fused
+  // optimizer's parameters and states).
+  virtual void update_at(int i, int e, Value v) = 0;
   // Output k as PyTorch's meta kernel computed it (dtype and sizes).
   virtual const Type& out(int k) const = 0;
   virtual int num_outputs() const = 0;

@@ -38,6 +38,9 @@ struct Spec {
   // Scalar arguments that shape the program (a norm's order, arange's
   // bounds): baked into the program and its key instead of passed at run time.
   std::vector<int> attribute_scalars;
+  // float arguments passed at run time like Scalars (a fused optimizer's
+  // learning rate), so a schedule that changes them never recompiles.
+  std::vector<int> runtime_floats;
   std::vector<IndexCheck> index_checks;
   // Tensor?[] argument whose boolean masks become long indices before the
   // call (one data-dependent sync, as PyTorch's index kernels do), so the

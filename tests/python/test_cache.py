@@ -139,22 +139,26 @@ def test_damaged_entries_are_recompiled(warm_dir, tmp_path: Path) -> None:
     assert {f: f.stat().st_size for f in entries(root)} == sizes
 
 
-def test_command_line(warm_dir, tmp_path: Path, monkeypatch, capsys) -> None:
+def test_command_line(warm_dir, tmp_path: Path) -> None:
+    # Each command runs in its own process: this one's cache keeps the directory
+    # it started with, which is another one when an earlier test compiled.
     root = copy_dir(warm_dir[0], tmp_path)
     n = len(entries(root))
-    monkeypatch.setenv("TORCHTPU_CACHE_DIR", str(root))
-    monkeypatch.delenv("TORCHTPU_SHARED_CACHE_DIR", raising=False)
-    assert torchtpu.cache_stats()["entries"] == n
-    assert cache_cli.main(["stats"]) == 0
-    assert f"{n} entries" in capsys.readouterr().out
-    total = torchtpu.cache_stats()["bytes"]
-    assert cache_cli.main(["prune", "--max-bytes", str(total - 1)]) == 0
+    env = {**clean_env(root), "PYTHONPATH": str(PYTHON_DIR)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        proc = run_python(["-m", "torchtpu.cache", *args], env, 120)
+        assert proc.returncode == 0, proc.stderr
+        assert "Warning" not in proc.stderr, proc.stderr
+        return proc
+
+    assert f"{n} entries" in cli("stats").stdout
+    count, total = torchtpu._C._cache_usage(str(root))
+    assert count == n
+    cli("prune", "--max-bytes", str(total - 1))
     assert 0 < len(entries(root)) < n
-    env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR)}
-    proc = run_python(["-m", "torchtpu.cache", "clear"], env, 120)
-    assert proc.returncode == 0, proc.stderr
+    cli("clear")
     assert entries(root) == []
-    assert "Warning" not in proc.stderr, proc.stderr
     with pytest.raises(SystemExit):
         cache_cli.main(["prune", "--max-bytes", "lots"])
 
