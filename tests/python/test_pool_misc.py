@@ -304,3 +304,14 @@ def test_empty_batch(name, eager):
     # zero-size shapes); a reduction over the empty dim still gives its identity.
     x = torch.randn(0, 3, 4, 4)
     assert_tpu_close(EMPTY_BATCH[name](x.to("tpu")), EMPTY_BATCH[name](x))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8], ids=str)
+def test_histc_integer(dtype, eager):
+    # The CPU has no integer histc; CUDA's (which MoE routers call on expert ids)
+    # bins in integer arithmetic with the bounds truncated to integers, and counts
+    # in the input's dtype: the CPU's float histc of the same values and bounds.
+    x = torch.randint(0, 12, (60,)).to(dtype)
+    for bins, lo, hi in [(8, 0, 7), (5, 0, 0), (3, 0.5, 7.9), (6, 2, 2), (4, 3, 40)]:
+        ref = torch.histc(x.float(), bins, int(lo), int(hi)).to(dtype)
+        assert_tpu_close(torch.histc(x.to("tpu"), bins, lo, hi), ref)
