@@ -201,7 +201,7 @@ def _lm_losses(device, steps=5):
     gen = torch.Generator().manual_seed(1)
     losses = []
     for _ in range(steps):
-        seq = torch.randint(0, 17, (4, 9), generator=gen)
+        seq = torch.randint(0, 17, (4, 7), generator=gen)
         x, y = seq[:, :-1].to(device), seq[:, 1:].to(device)
         opt.zero_grad()
         loss = model(x, y)
