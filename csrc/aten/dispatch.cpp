@@ -193,6 +193,10 @@ void run_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   } catch (const pjrt::Error& e) {
     TORCH_CHECK(false, "[tpu] ", describe(info.name, *stack, stack->size() - n, n),
                 " failed on the device: ", e.what());
+  } catch (const hlo::DTypeError& e) {
+    TORCH_CHECK_TYPE(false, "[tpu] ", describe(info.name, *stack, stack->size() - n, n),
+                     " is not defined for these dtypes on tpu (", e.what(),
+                     "); convert the inputs, e.g. with .float()");
   } catch (const hlo::BuildError& e) {
     TORCH_CHECK(false, "[tpu] ", describe(info.name, *stack, stack->size() - n, n),
                 " could not be lowered: ", e.what());

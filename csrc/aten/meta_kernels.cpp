@@ -55,6 +55,53 @@ std::tuple<at::Tensor, at::Tensor> histogram_bins_meta(const at::Tensor& self,
   return {at::empty({bins.numel() - 1}, self.options()), at::empty({bins.numel()}, self.options())};
 }
 
+// The fused LSTM cell: PyTorch's Python meta kernel reads `.device` of the
+// biases, so it raises when they are absent (nn.LSTM(bias=False)).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell_meta(const at::Tensor& ig,
+                                                              const at::Tensor& hg,
+                                                              const at::Tensor& cx,
+                                                              const std::optional<at::Tensor>& bi,
+                                                              const std::optional<at::Tensor>& bh) {
+  TORCH_CHECK(ig.dim() == 2 && ig.sizes() == hg.sizes(),
+              "_thnn_fused_lstm_cell: input_gates and hidden_gates must be 2-D of one size, got ",
+              ig.sizes(), " and ", hg.sizes());
+  TORCH_CHECK(cx.dim() == 2 && cx.size(0) == ig.size(0) && cx.size(1) * 4 == ig.size(1),
+              "_thnn_fused_lstm_cell: cx ", cx.sizes(), " does not match gates ", ig.sizes());
+  const bool has_bias = bi && bi->defined();
+  TORCH_CHECK(!has_bias ||
+                  (bi->dim() == 1 && bi->size(0) == ig.size(1) && bh && bh->sizes() == bi->sizes()),
+              "_thnn_fused_lstm_cell: biases must be 1-D of size ", ig.size(1));
+  return {at::empty_like(cx), at::empty_like(cx), at::empty(ig.sizes(), ig.options())};
+}
+
+// The fused GRU cell (CUDA-only in PyTorch): hy like hx, a [B, 5H] workspace.
+std::tuple<at::Tensor, at::Tensor> gru_cell_meta(const at::Tensor& ig, const at::Tensor& hg,
+                                                 const at::Tensor& hx,
+                                                 const std::optional<at::Tensor>& bi,
+                                                 const std::optional<at::Tensor>& bh) {
+  TORCH_CHECK(ig.dim() == 2 && ig.sizes() == hg.sizes(),
+              "_thnn_fused_gru_cell: input_gates and hidden_gates must be 2-D of one size, got ",
+              ig.sizes(), " and ", hg.sizes());
+  TORCH_CHECK(hx.dim() == 2 && hx.size(0) == ig.size(0) && hx.size(1) * 3 == ig.size(1),
+              "_thnn_fused_gru_cell: hx ", hx.sizes(), " does not match gates ", ig.sizes());
+  const bool has_bias = bi && bi->defined();
+  TORCH_CHECK(!has_bias ||
+                  (bi->dim() == 1 && bi->size(0) == ig.size(1) && bh && bh->sizes() == bi->sizes()),
+              "_thnn_fused_gru_cell: biases must be 1-D of size ", ig.size(1));
+  return {at::empty_like(hx), at::empty({ig.size(0), hx.size(1) * 5}, ig.options())};
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_cell_backward_meta(
+    const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {
+  TORCH_CHECK(workspace.dim() == 2 && grad_hy.dim() == 2 &&
+                  workspace.size(1) == grad_hy.size(1) * 5 && workspace.size(0) == grad_hy.size(0),
+              "_thnn_fused_gru_cell_backward: workspace ", workspace.sizes(),
+              " does not match grad_hy ", grad_hy.sizes());
+  const int64_t b = grad_hy.size(0), g = grad_hy.size(1) * 3;
+  auto bias = [&] { return has_bias ? at::empty({g}, grad_hy.options()) : at::Tensor(); };
+  return {at::empty({b, g}, grad_hy.options()), at::empty({b, g}, grad_hy.options()),
+          at::empty_like(grad_hy), bias(), bias()};
+}
+
 // linalg_lstsq's outputs as LAPACK's drivers fill them: residuals only when
 // m > n (and not gelsy), rank unless gels, singular values for gelsd/gelss.
 std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&> lstsq_meta(
@@ -113,6 +160,9 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("_cummin_helper", TORCH_FN(cum_helper_meta));
   m.impl("_logcumsumexp", TORCH_FN(logcumsumexp_meta));
   m.impl("geqrf", TORCH_FN(geqrf_meta));
+  m.impl("_thnn_fused_lstm_cell", TORCH_FN(lstm_cell_meta));
+  m.impl("_thnn_fused_gru_cell", TORCH_FN(gru_cell_meta));
+  m.impl("_thnn_fused_gru_cell_backward", TORCH_FN(gru_cell_backward_meta));
   m.impl("histogram.bin_ct", TORCH_FN(histogram_bin_ct_meta));
   m.impl("histogram.bins_tensor", TORCH_FN(histogram_bins_meta));
   m.impl("fractional_max_pool3d_backward", TORCH_FN(fractional_max_pool3d_backward_meta));

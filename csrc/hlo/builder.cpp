@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string_view>
 
 namespace torchtpu::hlo {
 namespace {
@@ -98,6 +99,35 @@ std::string literal(double v, DType t) {
 const char* cmp_name(Cmp c) {
   static const char* n[] = {"EQ", "NE", "LT", "LE", "GT", "GE"};
   return n[static_cast<int>(c)];
+}
+
+bool named(std::string_view op, std::initializer_list<std::string_view> names) {
+  for (std::string_view n : names)
+    if (op == n) return true;
+  return false;
+}
+
+// Why StableHLO rejects `op` on these element types, or "" when it takes them.
+// Caught here, the error names the op instead of failing the whole compile.
+std::string element_type_error(std::string_view op, const std::vector<Value>& args,
+                               const Type& out) {
+  if (op == "iota" && out.dtype == DType::Bool) return "has no boolean form";
+  for (const Value& a : args) {
+    const DType t = a.dtype();
+    if (!is_float(t) &&
+        named(op, {"exponential", "exponential_minus_one", "log", "log_plus_one", "logistic",
+                   "sqrt", "rsqrt", "cbrt", "tanh", "sine", "cosine", "tan", "atan2", "floor",
+                   "ceil", "round_nearest_afz", "round_nearest_even", "is_finite"}))
+      return "takes floating-point operands, got " + a.type.str();
+    if (t == DType::Bool &&
+        named(op, {"abs", "negate", "sign", "subtract", "divide", "remainder", "power",
+                   "shift_left", "shift_right_logical", "shift_right_arithmetic"}))
+      return "takes no boolean operands, got " + a.type.str();
+    if (is_float(t) && named(op, {"and", "or", "xor", "not", "shift_left", "shift_right_logical",
+                                  "shift_right_arithmetic", "popcnt"}))
+      return "takes integer or boolean operands, got " + a.type.str();
+  }
+  return "";
 }
 
 }  // namespace
@@ -199,6 +229,8 @@ std::string Builder::generic(const char* op, const std::vector<Value>& args,
 
 Value Builder::op(const char* op, const std::vector<Value>& args, const std::string& attrs,
                   const Type& out, const std::string& region) {
+  if (std::string why = element_type_error(op, args, out); !why.empty())
+    throw DTypeError(std::string("[hlo] ") + op + " " + why);
   return emit(generic(op, args, attrs, {out}, region), out);
 }
 
@@ -369,6 +401,11 @@ Value Builder::cholesky(Value a, bool lower) {
 }
 
 Value Builder::chlo(const char* opname, const std::vector<Value>& args, const Type& out) {
+  // The CHLO ops we emit (lgamma, digamma, zeta, next_after, ...) are float-only.
+  for (const Value& a : args)
+    if (!is_float(a.dtype()))
+      throw DTypeError(std::string("[hlo] chlo.") + opname +
+                       " takes floating-point operands, got " + a.type.str());
   std::string s = generic(opname, args, "", {out});
   return emit("\"chlo." + s.substr(std::string_view("\"stablehlo.").size()), out);
 }

@@ -40,6 +40,13 @@ class BuildError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An op asked for element types StableHLO does not define it on (exponential
+// of integers, subtract of booleans): the request, not the builder, is wrong.
+class DTypeError : public BuildError {
+ public:
+  using BuildError::BuildError;
+};
+
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
 // stablehlo.fft kinds; the inverse ones (IFFT, IRFFT) divide by the length.
 enum class Fft { FFT, IFFT, RFFT, IRFFT };

@@ -92,14 +92,20 @@ TPU_LOWERING(creation_ranges) {
   reg("linspace.out", [](Ctx& c) -> V {
     const Type& o = c.out(0);
     int64_t steps = c.i64(2);
-    Ex start(c.b, c.scalar(0, DType::F64)), end(c.b, c.scalar(1, DType::F64));
+    // Integer outputs as the CPU computes them: the bounds truncated to the
+    // dtype first, each value truncated toward zero.
+    const bool integral = !is_float(o.dtype);
+    auto trunc = [integral](const Ex& x) {
+      return integral ? where(x.cmp(Cmp::LT, x.k(0)), x.un("ceil"), x.un("floor")) : x;
+    };
+    Ex start = trunc(Ex(c.b, c.scalar(0, DType::F64))),
+       end = trunc(Ex(c.b, c.scalar(1, DType::F64)));
     if (steps <= 1) return {broadcast_to(c.b, start, o.shape)};
     Ex i(c.b, c.b.iota(Type{DType::F64, o.shape}, 0));
     Ex step = (end - start) / static_cast<double>(steps - 1);
     Ex half = i.cmp(Cmp::LT, i.k(static_cast<double>(steps / 2)));
-    Ex v = where(half, start + step * i, end - step * (static_cast<double>(steps - 1) - i));
-    if (!is_float(o.dtype)) v = v.un("floor");
-    return {v};
+    return {
+        trunc(where(half, start + step * i, end - step * (static_cast<double>(steps - 1) - i)))};
   });
   // (start, end, steps, base): base ** linspace(start, end, steps), in the
   // output's float dtype as torch does (f64 for integer outputs).

@@ -373,11 +373,13 @@ TPU_LOWERING(elementwise_logic) {
     binary(name, {"Tensor", "Scalar", "Scalar_Tensor"},
            [o](Ctx&, Ex x, Ex y) { return x.bin(o, y); });
   }
-  // Euclid's algorithm on every element pair at once, until all remainders are 0.
+  // Euclid's algorithm on every element pair at once, until all remainders are 0;
+  // the loop carries both operands at their broadcast shape (a 0-dim `other`).
   auto gcd = [](Ex x, Ex y) {
     Builder& b = *x.b;
+    Shape shape = broadcast_shapes(x.v.shape(), y.v.shape());
     std::vector<Value> st = b.while_loop(
-        {x.un("abs").v, y.un("abs").v},
+        {broadcast_to(b, x.un("abs").v, shape), broadcast_to(b, y.un("abs").v, shape)},
         [&](const V& s) -> Value {
           Ex nz = Ex(b, s[1]).cmp(Cmp::NE, Ex(b, s[1]).k(0));
           std::vector<int64_t> all(static_cast<size_t>(s[1].rank()));

@@ -40,15 +40,18 @@ Ex histogram_counts(Builder& b, const Ex& x, const Ex& edges, const Ex* weight, 
 TPU_LOWERING(histogram) {
   // histc(self, bins, min, max): equal-width bins over [min, max] (the data's
   // range when both are 0); values outside are ignored, max falls in the last.
+  // Integer inputs (the CPU has no kernel; CUDA's, which MoE layers reach) bin
+  // in int64 with truncated bounds and integer division, and count in their dtype.
   reg("histc", [](Ctx& c) -> V {
     Builder& b = c.b;
-    DType t = math_dtype(c);
+    const bool integral = !is_float(c.out(0).dtype);
+    DType t = integral ? DType::I64 : math_dtype(c);
     Ex x(b, b.reshape(b.convert(c.in(0), t), {c.in(0).type.numel()}));
     int64_t bins = c.i64(1);
     Ex lo(b, c.scalar(2, t)), hi(b, c.scalar(3, t));
     if (x.v.shape()[0] > 0) {
-      Ex dmin(b, b.reduce(x.v, b.constant(INFINITY, t), {0}, Reducer::Min));
-      Ex dmax(b, b.reduce(x.v, b.constant(-INFINITY, t), {0}, Reducer::Max));
+      Ex dmin(b, b.reduce(x.v, reduce_init(b, Reducer::Min, t), {0}, Reducer::Min));
+      Ex dmax(b, b.reduce(x.v, reduce_init(b, Reducer::Max, t), {0}, Reducer::Max));
       Ex same = lo.cmp(Cmp::EQ, hi);
       lo = where(same, dmin, lo);
       hi = where(same, dmax, hi);
@@ -56,7 +59,8 @@ TPU_LOWERING(histogram) {
     Ex same = lo.cmp(Cmp::EQ, hi);
     lo = where(same, lo - 1.0, lo);
     hi = where(same, hi + 1.0, hi);
-    Ex pos = ((x - lo) * static_cast<double>(bins) / (hi - lo)).un("floor");
+    Ex pos = (x - lo) * static_cast<double>(bins) / (hi - lo);
+    if (!integral) pos = pos.un("floor");
     pos = where(x.cmp(Cmp::EQ, hi), pos.k(static_cast<double>(bins - 1)), pos);
     Ex inside = x.cmp(Cmp::GE, lo).bin("and", x.cmp(Cmp::LE, hi));
     Ex idx = where(inside, pos, pos.k(static_cast<double>(bins))).to(DType::I64);

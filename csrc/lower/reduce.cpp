@@ -98,8 +98,8 @@ Ex scan(const Ex& x, int64_t dim_arg, Reducer r) {
 
 // Running max/min along dim with the index of the element that set it: the
 // last one among equals and the last NaN once a NaN appeared (torch's CPU
-// cummax/cummin). For position i: arg-extreme over j <= i, scanned from i
-// down so that ties and NaNs pick the largest j.
+// cummax/cummin). For position i: the extreme over j <= i, then the largest
+// such j holding it (masked-out positions may equal it: -inf, False, INT_MIN).
 std::pair<Value, Value> cum_extreme(Builder& b, Value x, int64_t dim, bool is_max) {
   int64_t r = x.rank(), n = x.shape()[dim];
   // [..., i, j, ...] with j reversed: element (i, j) holds x[n - 1 - j].
@@ -107,19 +107,22 @@ std::pair<Value, Value> cum_extreme(Builder& b, Value x, int64_t dim, bool is_ma
   big.insert(big.begin() + dim, n);
   std::vector<int64_t> dims;
   for (int64_t k = 0; k < r; ++k) dims.push_back(k < dim ? k : k + 1);
-  Value xr = b.broadcast_in_dim(b.reverse(x, {dim}), big, dims);
+  Ex xr(b, b.broadcast_in_dim(b.reverse(x, {dim}), big, dims));
   Type it{DType::I64, big};
   Ex i(b, b.iota(it, dim)), j(b, b.iota(it, dim + 1));
   Ex src = (j.k(static_cast<double>(n - 1)) - j);
   Ex valid = src.cmp(Cmp::LE, i);
-  double fill = is_max ? -INFINITY : INFINITY;
-  Value init = is_float(x.dtype()) ? b.splat(fill, Type{x.dtype(), big})
-                                   : b.splat(is_max ? -9.0e18 : 9.0e18, Type{x.dtype(), big});
-  if (x.dtype() == DType::Bool) init = b.splat(is_max ? 0 : 1, Type{x.dtype(), big});
-  Value masked = where(valid, Ex(b, xr), Ex(b, init));
-  auto [m, a] = b.reduce_arg(masked, dim + 1, is_max);
-  Ex idx = Ex(b, a).k(static_cast<double>(n - 1)) - Ex(b, a);
-  return {m, idx};
+  Reducer red = is_max ? Reducer::Max : Reducer::Min;
+  Ex init(b, b.broadcast_in_dim(reduce_init(b, red, x.dtype()), big, {}));
+  Value m = b.reduce_arg(where(valid, xr, init), dim + 1, is_max).first;
+  std::vector<int64_t> keep;
+  for (int64_t k = 0; k <= r; ++k)
+    if (k != dim + 1) keep.push_back(k);
+  Ex mb(b, b.broadcast_in_dim(m, big, keep));
+  Ex hit = xr.cmp(Cmp::EQ, mb);
+  if (is_float(x.dtype())) hit = hit.bin("or", xr.cmp(Cmp::NE, xr).bin("and", mb.cmp(Cmp::NE, mb)));
+  Ex last = where(hit.bin("and", valid), src, src.k(-1));
+  return {m, b.reduce(last.v, b.constant(-1, DType::I64), {dim + 1}, Reducer::Max)};
 }
 
 TPU_LOWERING(reduce_sum_mean) {

@@ -365,8 +365,11 @@ TPU_LOWERING(special_gamma) {
     double f = std::tgamma(static_cast<double>(n) + 1) * (n % 2 ? 1 : -1);
     return {zeta_(x.k(static_cast<double>(n + 1)), x) * f};
   });
+  // x < 1 is NaN whatever q (the CPU tests it first; chlo.zeta gives inf for
+  // an integer q <= 0, e.g. zeta(0, 0) from bool inputs).
   binary("special_zeta", {"", "self_scalar", "other_scalar"}, [](Ex x, Ex q) {
-    return Ex(*x.b, x.b->chlo("zeta", {x.v, q.v}, x.v.type));
+    Ex z(*x.b, x.b->chlo("zeta", {x.v, q.v}, x.v.type));
+    return where(x.cmp(Cmp::LT, x.k(1)), x.k(NAN), z);
   });
   // A NaN operand gives NaN, as on the CPU (the series would return a number).
   for (bool upper : {false, true}) {

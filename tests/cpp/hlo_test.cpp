@@ -167,6 +167,41 @@ TEST(HloText, MultiResultValuesAreIndexed) {
   EXPECT_NE(m.find("#1 : tensor<4xi64>"), std::string::npos) << m;
 }
 
+// Element types StableHLO does not define an op on are DTypeErrors at build
+// time, not a module the compiler rejects.
+TEST(HloText, UndefinedElementTypesAreDTypeErrors) {
+  Builder b;
+  Value i = b.param(Type{DType::I32, {3}});
+  Value p = b.param(Type{DType::Bool, {3}});
+  Value f = b.param(Type{DType::F32, {3}});
+  auto dtype_error = [](auto&& fn) -> std::string {
+    try {
+      fn();
+    } catch (const DTypeError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected DTypeError";
+    return "";
+  };
+  EXPECT_NE(dtype_error([&] { b.unary("floor", i); }).find("[hlo] floor takes floating-point"),
+            std::string::npos);
+  EXPECT_NE(dtype_error([&] { b.unary("logistic", p); }).find("tensor<3xi1>"), std::string::npos);
+  EXPECT_NE(dtype_error([&] { b.binary("subtract", p, p); }).find("no boolean"), std::string::npos);
+  EXPECT_NE(dtype_error([&] { b.binary("and", f, f); }).find("integer or boolean"),
+            std::string::npos);
+  EXPECT_NE(dtype_error([&] {
+              b.iota(Type{DType::Bool, {3}}, 0);
+            }).find("iota"),
+            std::string::npos);
+  EXPECT_NE(dtype_error([&] { b.chlo("lgamma", {i}, i.type); }).find("chlo.lgamma"),
+            std::string::npos);
+  // The same ops on the types they take build.
+  b.unary("floor", f);
+  b.binary("subtract", i, i);
+  b.binary("and", p, p);
+  b.iota(Type{DType::I32, {3}}, 0);
+}
+
 TEST(HloText, ShapeErrorsNameTheOp) {
   Builder b;
   Value x = b.param(Type{DType::F32, {2, 3}});

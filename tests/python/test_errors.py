@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torchtpu
 from conftest import assert_tpu_close, check_py, run_py
 
@@ -199,6 +200,32 @@ def test_unsupported_dtype(dtype):
     assert name in str(info.value)
     with pytest.raises(TypeError):
         torch.ones(2, device="tpu").to(dtype)
+    _still_works()
+
+
+# Ops whose kernels (the CPU's and CUDA's too) are not defined for these dtypes
+# raise a TypeError naming the op while it is lowered, not an invalid program
+# the compiler rejects.
+BAD_DTYPE = {
+    "silu_int": (F.silu, torch.arange(4), "aten::silu"),
+    "softmax_int": (lambda x: torch.softmax(x, 0), torch.arange(4), "aten::_softmax"),
+    "glu_bool": (lambda x: F.glu(x, 0), torch.tensor([True, False]), "aten::glu"),
+    "remainder_bool": (lambda x: torch.remainder(x, x), torch.tensor([True]), "aten::remainder"),
+    "bilinear_int32": (
+        lambda x: F.interpolate(x, size=(3, 3), mode="bilinear"),
+        torch.arange(16, dtype=torch.int32).view(1, 1, 4, 4),
+        "aten::upsample_bilinear2d",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_DTYPE))
+def test_op_undefined_for_dtype_raises_type_error(name, eager):
+    fn, x, op = BAD_DTYPE[name]
+    with pytest.raises(TypeError) as info:
+        fn(x.to("tpu")).cpu()
+    msg = str(info.value)
+    assert op in msg and "not defined for these dtypes" in msg and ".float()" in msg, msg
     _still_works()
 
 

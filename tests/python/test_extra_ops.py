@@ -42,6 +42,14 @@ CASES = {
         lambda d, x, y: torch.stack([torch.gcd(x, y), torch.lcm(x, y)]),
         lambda: [torch.tensor([12, -18, 7, 0, 0, 1071]), torch.tensor([8, 12, -3, 5, 0, 462])],
     ),
+    # a 0-dim `other` (the loop carries both operands at the broadcast shape)
+    "gcd_lcm_0dim_int32": (
+        lambda d, x, y: torch.stack([torch.gcd(x, y), torch.lcm(x, y)]),
+        lambda: [
+            torch.tensor([12, -18, 7, 0, 1071], dtype=torch.int32),
+            torch.tensor(6, dtype=torch.int32),
+        ],
+    ),
     # shift amounts past the width give 0 (left) or the sign fill (right)
     "left_shift": (
         lambda d, x, y: torch.bitwise_left_shift(x, y) + (x << 3),

@@ -454,6 +454,9 @@ CREATION = {
     "full_like": lambda d: torch.full_like(torch.empty(2, 2, device=d), -3.0),
     "eye": lambda d: torch.eye(3, 4, device=d),
     "linspace": lambda d: torch.linspace(0, 1, 5, device=d),
+    # integer dtypes: bounds truncated first, values truncated toward zero (CPU)
+    "linspace_int64": lambda d: torch.linspace(-2.5, 7.9, 6, dtype=torch.int64, device=d),
+    "linspace_int32_down": lambda d: torch.linspace(-2.0, -3, 5, dtype=torch.int32, device=d),
     "tensor": lambda d: torch.tensor([[1, 2], [3, 4]], device=d),
     "empty_fill": lambda d: torch.empty(2, 3, device=d).fill_(2.0),
     "scalar_tensor": lambda d: torch.tensor(3.5, device=d),

@@ -72,6 +72,28 @@ CASES = {
     "renorm_inf": (lambda x: torch.renorm(x, float("inf"), 0, 0.5), lambda: [_f(3, 4)]),
     "cummax": (lambda x: torch.cummax(x, 1), lambda: [_f(3, 6, 2)]),
     "cummin_ties": (lambda x: torch.cummin(x.round(), 0), lambda: [_f(7, 3)]),
+    # a running extreme equal to the dtype's identity (INT_MIN, False, -inf) keeps
+    # the index of the element that set it
+    "cummax_int32": (
+        lambda x: torch.cummax(x, 1),
+        lambda: [torch.tensor([[-(2**31), -(2**31), 5, 7, -3]], dtype=torch.int32)],
+    ),
+    "cummin_int32_wide": (
+        lambda x: torch.cummin(x, 0),
+        lambda: [torch.randint(-(2**31), 2**31 - 1, (6, 3), dtype=torch.int32)],
+    ),
+    "cummax_bool": (
+        lambda x: torch.cummax(x, 0),
+        lambda: [torch.tensor([False, False, True, False, True])],
+    ),
+    "cummin_bool": (
+        lambda x: torch.cummin(x, 0),
+        lambda: [torch.tensor([True, True, False, True, False])],
+    ),
+    "cummax_neg_inf": (
+        lambda x: torch.cummax(x, 0),
+        lambda: [torch.tensor([float("-inf"), float("-inf"), 1.0, float("-inf")])],
+    ),
     "nanmedian": (
         lambda x: torch.nanmedian(torch.where(x > 1, float("nan"), x), dim=1),
         lambda: [_f(4, 7)],
@@ -304,3 +326,14 @@ def test_empty_batch(name, eager):
     # zero-size shapes); a reduction over the empty dim still gives its identity.
     x = torch.randn(0, 3, 4, 4)
     assert_tpu_close(EMPTY_BATCH[name](x.to("tpu")), EMPTY_BATCH[name](x))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8], ids=str)
+def test_histc_integer(dtype, eager):
+    # The CPU has no integer histc; CUDA's (which MoE routers call on expert ids)
+    # bins in integer arithmetic with the bounds truncated to integers, and counts
+    # in the input's dtype: the CPU's float histc of the same values and bounds.
+    x = torch.randint(0, 12, (60,)).to(dtype)
+    for bins, lo, hi in [(8, 0, 7), (5, 0, 0), (3, 0.5, 7.9), (6, 2, 2), (4, 3, 40)]:
+        ref = torch.histc(x.float(), bins, int(lo), int(hi)).to(dtype)
+        assert_tpu_close(torch.histc(x.to("tpu"), bins, lo, hi), ref)

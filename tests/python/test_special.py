@@ -118,6 +118,15 @@ def test_special_binary(name, eager):
     assert_tpu_close(fn(a.to("tpu"), b.to("tpu")), fn(a, b), rtol=2e-5, atol=1e-5, equal_nan=True)
 
 
+def test_zeta_below_one_is_nan(eager):
+    # x < 1 is NaN for any q, integer q <= 0 included (bool inputs give zeta(0, 0)).
+    x = torch.tensor([0.0, 0.5, 1.0, 2.0, 0.0, -1.0, 3.0])
+    q = torch.tensor([0.0, 1.0, 0.0, 0.0, -2.0, 1.0, -1.5])
+    assert_tpu_close(S.zeta(x.to("tpu"), q.to("tpu")), S.zeta(x, q), equal_nan=True)
+    b, c = torch.tensor([True, False, False]), torch.tensor([False, False, True])
+    assert_tpu_close(S.zeta(b.to("tpu"), c.to("tpu")), S.zeta(b, c), equal_nan=True)
+
+
 def test_frexp_and_signbit(eager):
     x = torch.tensor([0.0, -0.0, 1.0, -3.5, 1e-40, -2e-39, 6e37, float("inf"), 0.75, 1e-3])
     m, e = torch.frexp(x.to("tpu"))
