@@ -55,6 +55,7 @@ py::dict metrics_dict() {
     e["calls"] = k.calls;
     e["bytes"] = k.bytes;
     e["host_copy_bytes"] = k.host_copy_bytes;
+    e["seconds"] = k.seconds;
     coll[py::str(k.kind)] = e;
   }
   d["collectives"] = coll;

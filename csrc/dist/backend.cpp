@@ -423,6 +423,7 @@ class TpuDist final : public c10d::Backend {
   WorkPtr collective(const char* kind, std::string detail, const Tensors& agreed, Body body,
                      int64_t payload = -1) {
     uint64_t seq = ++seq_;
+    auto start = std::chrono::steady_clock::now();
     aten::fused_flush("collective");
     Call call{kind, std::move(detail), agreed, ""};
     if (auto* where = aten::caller_location()) call.where = *where;
@@ -437,7 +438,7 @@ class TpuDist final : public c10d::Backend {
     } catch (const std::exception& e) {
       check_.fail(seq, call, e.what());
     }
-    count(kind, payload < 0 ? nbytes(agreed) : payload, st.host_copy_bytes());
+    count(kind, payload < 0 ? nbytes(agreed) : payload, st.host_copy_bytes(), start);
     coalesced_.insert(coalesced_.end(), outputs.begin(), outputs.end());
     return done(outputs);
   }
@@ -454,9 +455,10 @@ class TpuDist final : public c10d::Backend {
                  " failed after waiting at most ", check_.timeout().count() / 1000.0, " s: ");
     int64_t bytes = nbytes(tensors);
     std::string k = kind;
-    auto finish = [st, bytes, k] {
+    auto start = std::chrono::steady_clock::now();
+    auto finish = [st, bytes, k, start] {
       st->write_back();
-      count(k, bytes, st->host_copy_bytes());
+      count(k, bytes, st->host_copy_bytes(), start);
     };
     return c10::make_intrusive<HostWork>(
         std::move(inner), finish, [context] { return context; }, tensors);
@@ -525,8 +527,10 @@ class TpuDist final : public c10d::Backend {
     return all;
   }
 
-  static void count(const std::string& kind, int64_t bytes, int64_t host_bytes) {
-    count_collective(kind, bytes, host_bytes);
+  static void count(const std::string& kind, int64_t bytes, int64_t host_bytes,
+                    std::chrono::steady_clock::time_point since) {
+    std::chrono::duration<double> dt = std::chrono::steady_clock::now() - since;
+    count_collective(kind, bytes, host_bytes, dt.count());
   }
 
   c10::intrusive_ptr<c10d::Backend> host_;
@@ -554,7 +558,8 @@ std::vector<KindCount> collective_report() {
   return out;
 }
 
-void count_collective(const std::string& kind, int64_t bytes, int64_t host_copy_bytes) {
+void count_collective(const std::string& kind, int64_t bytes, int64_t host_copy_bytes,
+                      double seconds) {
   auto& c = counters();
   std::lock_guard<std::mutex> lock(c.mu);
   auto& k = c.by_kind[kind];
@@ -562,6 +567,7 @@ void count_collective(const std::string& kind, int64_t bytes, int64_t host_copy_
   k.calls++;
   k.bytes += bytes;
   k.host_copy_bytes += host_copy_bytes;
+  k.seconds += seconds;
 }
 
 void reset_collective_report() {

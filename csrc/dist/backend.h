@@ -20,14 +20,16 @@ c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::St
                                                const c10::intrusive_ptr<c10d::Backend>& host,
                                                std::chrono::milliseconds timeout);
 
-// Per collective kind: calls, payload bytes and bytes copied between host and
-// device (metrics()["collectives"]).
+// Per collective kind: calls, payload bytes, bytes copied between host and
+// device, and wall seconds inside the call (metrics()["collectives"]).
 struct KindCount {
   std::string kind;
   int64_t calls = 0, bytes = 0, host_copy_bytes = 0;
+  double seconds = 0;
 };
 std::vector<KindCount> collective_report();
-void count_collective(const std::string& kind, int64_t bytes, int64_t host_copy_bytes);
+void count_collective(const std::string& kind, int64_t bytes, int64_t host_copy_bytes,
+                      double seconds);
 void reset_collective_report();
 
 }  // namespace torchtpu::dist

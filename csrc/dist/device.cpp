@@ -3,7 +3,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <sstream>
+#include <chrono>
 
 #include "aten/fused.h"
 #include "aten/launch.h"
@@ -56,6 +56,7 @@ std::vector<at::Tensor> device_collective(const std::string& kind,
   }
   TORCH_CHECK_VALUE(n <= aten::device_count(), "[tpu] device ", kind, ": ", n, " tensors but ",
                     aten::device_count(), " devices");
+  auto start = std::chrono::steady_clock::now();
   aten::fused_flush("collective");
 
   // One program: the flat storage in, the collective on the tensor's shape, flat out.
@@ -101,7 +102,8 @@ std::vector<at::Tensor> device_collective(const std::string& kind,
   std::vector<at::Tensor> result;
   for (int64_t i = 0; i < n; ++i)
     result.push_back(aten::wrap_buffer(outs[i][0], out_sizes, t0.scalar_type(), int(i)));
-  count_collective("device_" + kind, n * t0.numel() * t0.element_size(), 0);
+  std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start;
+  count_collective("device_" + kind, n * t0.numel() * t0.element_size(), 0, dt.count());
   return result;
 }
 
