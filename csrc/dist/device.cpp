@@ -102,8 +102,8 @@ std::vector<at::Tensor> device_collective(const std::string& kind,
   std::vector<at::Tensor> result;
   for (int64_t i = 0; i < n; ++i)
     result.push_back(aten::wrap_buffer(outs[i][0], out_sizes, t0.scalar_type(), int(i)));
-  std::chrono::duration<double> dt = std::chrono::steady_clock::now() - start;
-  count_collective("device_" + kind, n * t0.numel() * t0.element_size(), 0, dt.count());
+  std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  count_collective("device_" + kind, n * t0.numel() * t0.element_size(), 0, took.count());
   return result;
 }
 
