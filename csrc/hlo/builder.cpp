@@ -114,10 +114,12 @@ std::string element_type_error(std::string_view op, const std::vector<Value>& ar
   if (op == "iota" && out.dtype == DType::Bool) return "has no boolean form";
   for (const Value& a : args) {
     const DType t = a.dtype();
-    if (!is_float(t) &&
+    if (!is_float(t) && !is_complex(t) &&
         named(op, {"exponential", "exponential_minus_one", "log", "log_plus_one", "logistic",
-                   "sqrt", "rsqrt", "cbrt", "tanh", "sine", "cosine", "tan", "atan2", "floor",
-                   "ceil", "round_nearest_afz", "round_nearest_even", "is_finite"}))
+                   "sqrt", "rsqrt", "tanh", "sine", "cosine", "tan", "atan2"}))
+      return "takes floating-point or complex operands, got " + a.type.str();
+    if (!is_float(t) && named(op, {"cbrt", "floor", "ceil", "round_nearest_afz",
+                                   "round_nearest_even", "is_finite"}))
       return "takes floating-point operands, got " + a.type.str();
     if (t == DType::Bool &&
         named(op, {"abs", "negate", "sign", "subtract", "divide", "remainder", "power",
@@ -401,11 +403,12 @@ Value Builder::cholesky(Value a, bool lower) {
 }
 
 Value Builder::chlo(const char* opname, const std::vector<Value>& args, const Type& out) {
-  // The CHLO ops we emit (lgamma, digamma, zeta, next_after, ...) are float-only.
+  // The CHLO ops we emit are defined on floats (lgamma, digamma, zeta, ...) and
+  // some on complex values too (asinh, atanh, ...), never on integers.
   for (const Value& a : args)
-    if (!is_float(a.dtype()))
+    if (!is_float(a.dtype()) && !is_complex(a.dtype()))
       throw DTypeError(std::string("[hlo] chlo.") + opname +
-                       " takes floating-point operands, got " + a.type.str());
+                       " takes floating-point or complex operands, got " + a.type.str());
   std::string s = generic(opname, args, "", {out});
   return emit("\"chlo." + s.substr(std::string_view("\"stablehlo.").size()), out);
 }

@@ -132,3 +132,33 @@ def test_in_process_device_collectives_are_programs():
     )
     seconds = float(proc.stdout.split("SECONDS")[1])
     assert seconds < 5, seconds
+
+
+def test_collective_inside_compiled_function_cuts_the_program():
+    for line in _ok(torchrun("compiled_collective.py", 2), 2):
+        assert "compiled collective ok" in line
+
+
+def test_detail_debug_names_both_sides():
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps the backend in its own checking
+    # wrapper and ours exchanges full descriptions on every collective.
+    results, _ = spawn_ranks("faults.py", 2, args=("other_shape",), timeout=90,
+                             env={"TORCHTPU_DIST_TIMEOUT": "8",
+                                  "TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    for res in results:
+        assert res.returncode not in (0, None), res.output[-3000:]
+        assert "ERROR" in res.output, res.output[-3000:]
+        text = res.output[res.output.find("ERROR"):]
+        assert "[3]" in text and "[4]" in text, text
+
+
+def test_pinned_host_memory_and_record_stream():
+    import torch
+    import torchtpu  # noqa: F401
+
+    pinned = torch.randn(64).pin_memory()
+    assert pinned.is_pinned() and not torch.randn(64).is_pinned()
+    assert pinned[10:].is_pinned()  # a pointer inside a pinned block
+    t = pinned.to("tpu", non_blocking=True)
+    t.record_stream(torch.tpu.Stream())
+    assert torch.equal(t.cpu(), pinned)
