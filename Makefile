@@ -43,6 +43,7 @@ demo: build
 
 bench: build
 	$(VPY) bench/run.py
+	$(VPY) bench/dist.py
 
 # PyTorch's OpInfo database on tpu vs CPU; regenerates docs/OP_COVERAGE.md (< 30 min).
 conformance: build
