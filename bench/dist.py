@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python" / "dist"))
-from launch import torchrun  # noqa: E402
+from launch import torchrun
 
 HERE = Path(__file__).resolve().parent
 

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
 import torchtpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from models import GPT, copy_task_batch  # noqa: E402
+from models import GPT, copy_task_batch
 
 wrapper, steps = sys.argv[1], int(sys.argv[2])
 WARMUP = 3

@@ -227,8 +227,8 @@ PYBIND11_MODULE(_C, m) {
       "_dist_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
          const c10::intrusive_ptr<c10d::Backend>& host, double timeout_s) {
-        return torchtpu::dist::make_backend(
-            store, rank, size, host, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+        return torchtpu::dist::make_backend(store, rank, size, host,
+                                            std::chrono::milliseconds(int64_t(timeout_s * 1000)));
       },
       py::call_guard<py::gil_scoped_release>(),
       "The tpu_dist c10d backend over `host` (a gloo backend of the same ranks).");
