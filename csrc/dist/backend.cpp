@@ -189,9 +189,15 @@ class TpuDist final : public c10d::Backend {
 
   const std::string getBackendName() const override { return "tpu_dist"; }
   bool supportsCoalescing() const override { return true; }
-  void startCoalescing() override { coalesced_.clear(); }
+  // Calls between start and end run at once (the transport is synchronous);
+  // the end's Work carries their outputs.
+  void startCoalescing() override {
+    coalescing_ = true;
+    coalesced_.clear();
+  }
   WorkPtr endCoalescing() override {
     auto w = done(coalesced_);
+    coalescing_ = false;
     coalesced_.clear();
     return w;
   }
@@ -439,7 +445,7 @@ class TpuDist final : public c10d::Backend {
       check_.fail(seq, call, e.what());
     }
     count(kind, payload < 0 ? nbytes(agreed) : payload, st.host_copy_bytes(), start);
-    coalesced_.insert(coalesced_.end(), outputs.begin(), outputs.end());
+    if (coalescing_) coalesced_.insert(coalesced_.end(), outputs.begin(), outputs.end());
     return done(outputs);
   }
 
@@ -536,6 +542,7 @@ class TpuDist final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> host_;
   Checker check_;
   uint64_t seq_ = 0;
+  bool coalescing_ = false;
   Tensors coalesced_;
 };
 

@@ -201,6 +201,26 @@ work.wait()
 fut_val = work.get_future().wait()
 same(fut_val[0], torch.full((3,), float(n * (n + 1) // 2)), "async all_reduce future")
 
+# Coalesced calls: the manager's work completes with every output.
+with dist._coalescing_manager(async_ops=True) as cm:
+    a = torch.ones(3, device=dev) * (rank + 1)
+    b = torch.ones(2, device=dev) * (rank + 1)
+    dist.all_reduce(a)
+    dist.all_reduce(b)
+cm.wait()
+same(a, torch.full((3,), float(n * (n + 1) // 2)), "coalesced all_reduce")
+same(b, torch.full((2,), float(n * (n + 1) // 2)), "coalesced all_reduce")
+
+# The backend keeps no reference to finished outputs: their memory comes back.
+torch.tpu.synchronize()
+base = torch.tpu.memory_allocated()
+for _ in range(10):
+    t = torch.ones(1 << 16, device=dev)
+    dist.all_reduce(t)
+    del t
+torch.tpu.synchronize()
+assert torch.tpu.memory_allocated() <= base, (base, torch.tpu.memory_allocated())
+
 dist.barrier()
 pg = dist.distributed_c10d._get_default_group()
 seq = pg._get_backend(dev)._get_sequence_number_for_group()
