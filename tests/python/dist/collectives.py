@@ -210,6 +210,26 @@ with dist._coalescing_manager(async_ops=True) as cm:
 cm.wait()
 same(a, torch.full((3,), float(n * (n + 1) // 2)), "coalesced all_reduce")
 same(b, torch.full((2,), float(n * (n + 1) // 2)), "coalesced all_reduce")
+# The coalesced entry points themselves, against gloo.
+xs = [data(torch.float32, (4,), 90), data(torch.float32, (2, 3), 91)]
+ts = [x.to(dev) for x in xs]
+dist.all_reduce_coalesced(ts)
+refs = [x.clone() for x in xs]
+dist.all_reduce_coalesced(refs, group=gloo)
+for t, r in zip(ts, refs):
+    same(t, r, "all_reduce_coalesced")
+bigs = [data(torch.float32, (2 * n,), 92), data(torch.float32, (n, 3), 93)]
+outs = [torch.empty(2, device=dev), torch.empty(1, 3, device=dev)]
+with dist._coalescing_manager(async_ops=True) as cm:
+    for o, big in zip(outs, bigs):
+        dist.reduce_scatter_tensor(o, big.to(dev))
+cm.wait()
+for o, big in zip(outs, bigs):
+    r = torch.empty(o.shape)
+    dist.reduce_scatter_tensor(r, big.clone(), group=gloo)
+    same(o, r, "reduce_scatter_tensor_coalesced")
+assert torchtpu.metrics()["collectives"].get("reduce_scatter_tensor_coalesced", {}).get("calls"), \
+    torchtpu.metrics()["collectives"]
 
 # The backend keeps no reference to finished outputs: their memory comes back.
 torch.tpu.synchronize()
