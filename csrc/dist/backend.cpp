@@ -220,11 +220,17 @@ class TpuDist final : public c10d::Backend {
     });
   }
 
+  // gloo's own coalesced all-reduce (one flat buffer), so sums associate as
+  // on CPU tensors.
   WorkPtr allreduce_coalesced(Tensors& tensors,
                               const c10d::AllreduceCoalescedOptions& opts) override {
     return collective("all_reduce_coalesced", reduce_name(opts.reduceOp), tensors,
                       [&](Staging& st) {
-                        for (auto& t : tensors) reduce_one(st.inout(t), opts.reduceOp);
+                        Tensors hs;
+                        for (auto& t : tensors) hs.push_back(st.inout(t));
+                        auto o = with_reduce(opts, host_reduce(opts.reduceOp, hs));
+                        host_->allreduce_coalesced(hs, o)->wait();
+                        finish_reduce(opts.reduceOp, hs, size_);
                         return tensors;
                       });
   }
