@@ -53,6 +53,15 @@ class Staging {
   at::Tensor in(const at::Tensor& t) { return twin(t, true, false); }
   at::Tensor out(const at::Tensor& t) { return twin(t, false, true); }
   at::Tensor inout(const at::Tensor& t) { return twin(t, true, true); }
+  Tensors in(const Tensors& ts) { return twins(ts, true, false); }
+  Tensors out(const Tensors& ts) { return twins(ts, false, true); }
+  Tensors inout(const Tensors& ts) { return twins(ts, true, true); }
+  std::vector<Tensors> in(const std::vector<Tensors>& lists) {
+    return twin_lists(lists, true, false);
+  }
+  std::vector<Tensors> out(const std::vector<Tensors>& lists) {
+    return twin_lists(lists, false, true);
+  }
   void write_back() {
     for (auto& [dev, host] : back_) {
       dev.copy_(host);
@@ -72,6 +81,16 @@ class Staging {
     }
     if (write) back_.emplace_back(t, host);
     return host;
+  }
+  Tensors twins(const Tensors& ts, bool read, bool write) {
+    Tensors out;
+    for (auto& t : ts) out.push_back(twin(t, read, write));
+    return out;
+  }
+  std::vector<Tensors> twin_lists(const std::vector<Tensors>& lists, bool read, bool write) {
+    std::vector<Tensors> out;
+    for (auto& l : lists) out.push_back(twins(l, read, write));
+    return out;
   }
   std::vector<std::pair<at::Tensor, at::Tensor>> back_;
   int64_t bytes_ = 0;
@@ -226,8 +245,7 @@ class TpuDist final : public c10d::Backend {
                               const c10d::AllreduceCoalescedOptions& opts) override {
     return collective("all_reduce_coalesced", reduce_name(opts.reduceOp), tensors,
                       [&](Staging& st) {
-                        Tensors hs;
-                        for (auto& t : tensors) hs.push_back(st.inout(t));
+                        Tensors hs = st.inout(tensors);
                         auto o = with_reduce(opts, host_reduce(opts.reduceOp, hs));
                         host_->allreduce_coalesced(hs, o)->wait();
                         finish_reduce(opts.reduceOp, hs, size_);
@@ -251,7 +269,8 @@ class TpuDist final : public c10d::Backend {
   WorkPtr allgather(std::vector<Tensors>& outputs, Tensors& inputs,
                     const c10d::AllgatherOptions& opts) override {
     return collective("all_gather", "", inputs, [&](Staging& st) {
-      auto [hin, hout] = stage_lists(st, inputs, outputs);
+      Tensors hin = st.in(inputs);
+      std::vector<Tensors> hout = st.out(outputs);
       host_->allgather(hout, hin, opts)->wait();
       return flatten(outputs);
     });
@@ -286,7 +305,8 @@ class TpuDist final : public c10d::Backend {
   WorkPtr gather(std::vector<Tensors>& outputs, Tensors& inputs,
                  const c10d::GatherOptions& opts) override {
     return collective("gather", root_detail(opts.rootRank), inputs, [&](Staging& st) {
-      auto [hin, hout] = stage_lists(st, inputs, outputs);
+      Tensors hin = st.in(inputs);
+      std::vector<Tensors> hout = st.out(outputs);
       host_->gather(hout, hin, opts)->wait();
       return flatten(outputs);
     });
@@ -295,11 +315,8 @@ class TpuDist final : public c10d::Backend {
   WorkPtr scatter(Tensors& outputs, std::vector<Tensors>& inputs,
                   const c10d::ScatterOptions& opts) override {
     return collective("scatter", root_detail(opts.rootRank), outputs, [&](Staging& st) {
-      Tensors hout;
-      for (auto& t : outputs) hout.push_back(st.out(t));
-      std::vector<Tensors> hin(inputs.size());
-      for (size_t i = 0; i < inputs.size(); ++i)
-        for (auto& t : inputs[i]) hin[i].push_back(st.in(t));
+      Tensors hout = st.out(outputs);
+      std::vector<Tensors> hin = st.in(inputs);
       host_->scatter(hout, hin, opts)->wait();
       return outputs;
     });
@@ -308,8 +325,7 @@ class TpuDist final : public c10d::Backend {
   WorkPtr reduce_scatter(Tensors& outputs, std::vector<Tensors>& inputs,
                          const c10d::ReduceScatterOptions& opts) override {
     return collective("reduce_scatter", reduce_name(opts.reduceOp), outputs, [&](Staging& st) {
-      Tensors hout;
-      for (auto& t : outputs) hout.push_back(st.out(t));
+      Tensors hout = st.out(outputs);
       std::vector<Tensors> hin(inputs.size());
       Tensors all;
       for (size_t i = 0; i < inputs.size(); ++i)
@@ -407,24 +423,21 @@ class TpuDist final : public c10d::Backend {
   WorkPtr send(Tensors& tensors, int dst, int tag) override {
     aten::fused_flush("collective");
     auto st = std::make_shared<Staging>();
-    Tensors h;
-    for (auto& t : tensors) h.push_back(st->in(t));
+    Tensors h = st->in(tensors);
     return point_to_point("send", dst, tag, tensors, st, host_->send(h, dst, tag));
   }
 
   WorkPtr recv(Tensors& tensors, int src, int tag) override {
     aten::fused_flush("collective");
     auto st = std::make_shared<Staging>();
-    Tensors h;
-    for (auto& t : tensors) h.push_back(st->out(t));
+    Tensors h = st->out(tensors);
     return point_to_point("recv", src, tag, tensors, st, host_->recv(h, src, tag));
   }
 
   WorkPtr recvAnysource(Tensors& tensors, int tag) override {
     aten::fused_flush("collective");
     auto st = std::make_shared<Staging>();
-    Tensors h;
-    for (auto& t : tensors) h.push_back(st->out(t));
+    Tensors h = st->out(tensors);
     return point_to_point("recv", -1, tag, tensors, st, host_->recvAnysource(h, tag));
   }
 
@@ -484,20 +497,9 @@ class TpuDist final : public c10d::Backend {
     finish_reduce(op, hs, size_);
   }
 
-  std::pair<Tensors, std::vector<Tensors>> stage_lists(Staging& st, Tensors& inputs,
-                                                       std::vector<Tensors>& outputs) {
-    Tensors hin;
-    for (auto& t : inputs) hin.push_back(st.in(t));
-    std::vector<Tensors> hout(outputs.size());
-    for (size_t i = 0; i < outputs.size(); ++i)
-      for (auto& t : outputs[i]) hout[i].push_back(st.out(t));
-    return {hin, hout};
-  }
-
   void gather_into(Staging& st, Tensors& outs, const at::Tensor& in,
                    const c10d::AllgatherOptions& opts) {
-    std::vector<Tensors> hout(1);
-    for (auto& t : outs) hout[0].push_back(st.out(t));
+    std::vector<Tensors> hout{st.out(outs)};
     Tensors hin{st.in(in)};
     host_->allgather(hout, hin, opts)->wait();
   }
