@@ -23,13 +23,20 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $(STAMP)
 
+# Optional extras the tests exercise (pinned in pyproject.toml), kept out of
+# `setup` so `make demo` never needs them.
+EXTRAS := $(VENV)/.torchtpu-extras
+$(EXTRAS): pyproject.toml $(STAMP)
+	$(VPY) -m pip install -q $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(d['project']['optional-dependencies']['jax']))")
+	touch $(EXTRAS)
+
 build: setup
 	cmake --build $(BUILD) -j $(JOBS)
 
 test-cpp: build
 	$(BUILD)/torchtpu_cpp_tests --gtest_brief=1
 
-test-py: build
+test-py: build $(EXTRAS)
 	$(VPY) -m pytest -q tests/python
 
 # The include layering (tools/check_layers.py): also part of `make lint`.

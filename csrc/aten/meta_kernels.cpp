@@ -11,6 +11,9 @@
 #include <tuple>
 #include <vector>
 
+#include "lower/external.h"
+#include "lower/types.h"
+
 namespace torchtpu::aten {
 namespace {
 
@@ -144,7 +147,24 @@ void fused_step_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::drop(*stack, n);
 }
 
+// torchtpu::jax_call's outputs are the registered function's results.
+std::vector<at::Tensor> jax_call_meta(at::TensorList args, int64_t key) {
+  auto f = lower::find_external(key);
+  TORCH_CHECK(f, "torchtpu::jax_call: no function registered under key ", key,
+              " (define it with torchtpu.jax_op)");
+  TORCH_CHECK(args.size() == f->args.size(), f->name, ": takes ", f->args.size(), " tensors, got ",
+              args.size());
+  std::vector<at::Tensor> outs;
+  for (const auto& t : f->results)
+    outs.push_back(at::empty(
+        t.shape, at::TensorOptions().device(c10::kMeta).dtype(lower::to_scalar_type(t.dtype))));
+  return outs;
+}
+
 }  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchtpu, m) { m.def("jax_call(Tensor[] args, int key) -> Tensor[]"); }
+TORCH_LIBRARY_IMPL(torchtpu, Meta, m) { m.impl("jax_call", TORCH_FN(jax_call_meta)); }
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   for (const char* name : {"_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_"}) {

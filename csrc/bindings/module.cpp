@@ -15,12 +15,15 @@
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
 #include "dist/backend.h"
+#include "lower/external.h"
 #include "lower/registry.h"
 
 namespace py = pybind11;
 // c10d's Store and Backend are held by intrusive_ptr in torch's bindings.
 PYBIND11_DECLARE_HOLDER_TYPE(T, c10::intrusive_ptr<T>, true);
 using namespace torchtpu::aten;
+namespace hlo = torchtpu::hlo;
+using torchtpu::DType;
 
 namespace {
 
@@ -119,6 +122,20 @@ const std::string* python_location() {
   return slot.get();
 }
 
+// (element type as MLIR spells it, shape) pairs from Python, as hlo types.
+std::vector<hlo::Type> mlir_types(
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& specs) {
+  std::vector<hlo::Type> out;
+  for (const auto& [name, shape] : specs) {
+    std::optional<DType> d;
+    for (int k = 0; k <= static_cast<int>(DType::C128); ++k)
+      if (torchtpu::mlir_name(static_cast<DType>(k)) == name) d = static_cast<DType>(k);
+    if (!d) throw py::type_error("no device dtype for element type " + name);
+    out.push_back(hlo::Type{*d, shape});
+  }
+  return out;
+}
+
 at::Generator gen(int device) { return default_generator(device < 0 ? current_device() : device); }
 
 }  // namespace
@@ -194,6 +211,35 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     fused_flush(reason.c_str());
   });
+  m.def(
+      "_register_external",
+      [](int64_t key, const std::string& name, const std::string& callee, const std::string& text,
+         const std::vector<std::pair<std::string, std::vector<int64_t>>>& args,
+         const std::vector<std::pair<std::string, std::vector<int64_t>>>& results) {
+        torchtpu::lower::register_external(
+            key, {name, callee, text, mlir_types(args), mlir_types(results)});
+      },
+      "Makes `text` (private functions, `callee` first) callable as torchtpu::jax_call(args, "
+      "key).");
+  m.def(
+      "_set_source_translator",
+      [](py::object fn) {
+        // Leaked: compiles may run until the process ends.
+        auto* held = new py::object(std::move(fn));
+        torchtpu::cache::set_source_translator(
+            [held](const std::string& text) -> std::optional<std::string> {
+              if (text.rfind("module @m attributes {torchtpu.external", 0) != 0)
+                return std::nullopt;
+              py::gil_scoped_acquire gil;
+              try {
+                return std::string(py::bytes((*held)(py::bytes(text))));
+              } catch (py::error_already_set& e) {
+                throw std::runtime_error(e.what());
+              }
+            });
+      },
+      "fn(text: bytes) -> bytes rewrites programs that inline external functions before they "
+      "compile.");
   m.def(
       "lowered_ops", [] { return torchtpu::lower::registered_ops(); },
       "ATen ops (name.overload) with a lowering rule.");

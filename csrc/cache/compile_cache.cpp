@@ -13,6 +13,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+std::mutex translator_mu;
+SourceTranslator& translator() {
+  static auto* t = new SourceTranslator();
+  return *t;
+}
+
+std::optional<std::string> translate_source(const std::string& mlir) {
+  SourceTranslator fn;
+  {
+    std::lock_guard<std::mutex> lock(translator_mu);
+    fn = translator();
+  }
+  return fn ? fn(mlir) : std::nullopt;
+}
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -252,7 +267,8 @@ std::optional<CompileCache::Loaded> CompileCache::load(Tier& tier, const Digest&
 pjrt::ExecutablePtr CompileCache::compile_and_store(const Digest& key, const std::string& mlir,
                                                     const pjrt::CompileOptions& options) {
   auto t0 = Clock::now();
-  pjrt::ExecutablePtr exe = compile_(mlir, options);
+  std::optional<std::string> translated = translate_source(mlir);
+  pjrt::ExecutablePtr exe = compile_(translated ? *translated : mlir, options);
   double dt = seconds_since(t0);
   misses_++;
   add_seconds(compile_ns_, dt);
@@ -325,6 +341,11 @@ Stats CompileCache::stats() const {
 
 Usage CompileCache::disk_usage() const {
   return local_.store && local_.readable ? local_.store->usage() : Usage{};
+}
+
+void set_source_translator(SourceTranslator fn) {
+  std::lock_guard<std::mutex> lock(translator_mu);
+  translator() = std::move(fn);
 }
 
 namespace {

@@ -118,4 +118,10 @@ Stats process_stats();
 // Its configuration, or the environment's before its first use.
 Config process_config();
 
+// Rewrites a program just before it compiles (never on a hit, so the key is
+// always the text): a program that inlines another producer's functions goes
+// to the plugin re-serialized for its StableHLO version. nullopt: as is.
+using SourceTranslator = std::function<std::optional<std::string>(const std::string&)>;
+void set_source_translator(SourceTranslator fn);
+
 }  // namespace torchtpu::cache

@@ -299,9 +299,11 @@ std::string Builder::module() const {
   if (!has_ret_) throw BuildError("[hlo] module: ret() was not called");
   size_t n = 256 + ret_line_.size();
   for (const std::string& l : lines_) n += l.size() + 5;
+  for (const auto& f : functions_) n += f.second.size() + 1;
   std::string s;
   s.reserve(n);
-  s += "module @m {\n  func.func public @main(";
+  s += functions_.empty() ? "module @m {\n" : "module @m attributes {torchtpu.external = true} {\n";
+  s += "  func.func public @main(";
   for (size_t i = 0; i < params_.size(); ++i) {
     s += (i ? ", %arg" : "%arg") + std::to_string(i) + ": " + params_[i].first.str();
     if (params_[i].second) s += " {jax.buffer_donor = true}";
@@ -328,8 +330,27 @@ std::string Builder::module() const {
   s += ") {\n";
   s += unpack;
   for (const std::string& l : lines_) s += "    " + l + "\n";
-  s += "    " + ret_line_ + "\n  }\n}\n";
-  return s;
+  s += "    " + ret_line_ + "\n  }\n";
+  for (const auto& f : functions_) s += f.second + "\n";
+  return s + "}\n";
+}
+
+void Builder::add_functions(const std::string& callee, const std::string& text) {
+  for (const auto& f : functions_)
+    if (f.first == callee) return;
+  functions_.emplace_back(callee, text);
+}
+
+std::vector<Value> Builder::call(const std::string& callee, const std::vector<Value>& args,
+                                 const std::vector<Type>& results) {
+  if (results.empty()) fail("call", "@" + callee + " returns nothing");
+  std::string s = "func.call @" + callee + "(";
+  for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + name(args[i]);
+  s += ") : (";
+  for (size_t i = 0; i < args.size(); ++i) s += (i ? ", " : "") + args[i].type.str();
+  s += ") -> (";
+  for (size_t i = 0; i < results.size(); ++i) s += (i ? ", " : "") + results[i].str();
+  return emit_multi(s + ")", results);
 }
 
 // ---------------------------------------------------------------- constants

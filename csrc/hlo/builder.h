@@ -186,6 +186,15 @@ class Builder {
   // Returns (new_state, bits) with bits of `type` (ui32 or ui64 element type).
   std::pair<Value, Value> rng_bit_generator(Value state, const Type& type);
 
+  // --- functions from another producer (a JAX export). `text` holds
+  // `func.func private` definitions, the first named `callee`; added once per
+  // callee. A module holding any is marked `torchtpu.external`, so the compile
+  // step knows to re-serialize it for the plugin's StableHLO version.
+  void add_functions(const std::string& callee, const std::string& text);
+  std::vector<Value> call(const std::string& callee, const std::vector<Value>& args,
+                          const std::vector<Type>& results);
+  bool has_functions() const { return !functions_.empty(); }
+
   int num_params() const { return static_cast<int>(params_.size()); }
 
  private:
@@ -194,6 +203,7 @@ class Builder {
   std::vector<std::pair<Type, bool>> params_;
   std::vector<std::pair<DType, std::vector<std::string>>> packs_;  // names of packed scalars
   std::vector<std::string> lines_;
+  std::vector<std::pair<std::string, std::string>> functions_;  // callee, text
   std::vector<Type> results_;
   std::string ret_line_;
   int next_id_ = 0;

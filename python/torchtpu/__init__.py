@@ -27,16 +27,19 @@ import torch
 from . import _C  # noqa: F401  (loads the native core: registers the kernels)
 from ._C import cache_stats, flush
 from ._compile import compile_report
+from ._jax_op import JaxOp, jax_op
 from ._metrics import metrics, metrics_report, reset_metrics
 from ._modes import eager_mode, get_eager_mode
 
 __all__ = [
+    "JaxOp",
     "cache_stats",
     "compile_report",
     "device",
     "eager_mode",
     "flush",
     "get_eager_mode",
+    "jax_op",
     "metrics",
     "metrics_report",
     "reset_metrics",

@@ -438,5 +438,34 @@ TEST(CompileCacheConfig, FromEnvironment) {
   if (xdg) setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1);
 }
 
+// The translator rewrites what compiles on a miss; hits never reach it, and the
+// key stays the original text.
+TEST(CompileCacheTranslator, RewritesMissesOnly) {
+  TempDir dir;
+  std::vector<std::string> seen;
+  set_source_translator([&](const std::string& text) -> std::optional<std::string> {
+    seen.push_back(text);
+    if (text != add_program(2)) return std::nullopt;
+    return add_program(3);
+  });
+  std::vector<std::string> compiled;
+  auto record = [&](const std::string& m, const pjrt::CompileOptions& o) {
+    compiled.push_back(m);
+    return cpu_client()->compile(m, o);
+  };
+  {
+    CompileCache cache(cpu_client(), local_config(dir), record);
+    cache.get(add_program(2));
+    cache.get(add_program(2));
+    cache.get(add_program(4));
+  }
+  CompileCache again(cpu_client(), local_config(dir), record);
+  again.get(add_program(2));
+  set_source_translator(nullptr);
+  EXPECT_EQ(seen, (std::vector<std::string>{add_program(2), add_program(4)}));
+  EXPECT_EQ(compiled, (std::vector<std::string>{add_program(3), add_program(4)}));
+  EXPECT_EQ(again.stats().misses, 0);
+}
+
 }  // namespace
 }  // namespace torchtpu::cache

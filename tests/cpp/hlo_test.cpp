@@ -694,4 +694,34 @@ TEST(HloRun, LargeWholeFloatConstantsParse) {
   expect_vec<double>(out[1], {}, {1e22});
 }
 
+// Functions from another producer are added once and called; the module says so.
+TEST(HloRun, CallsInlinedFunctions) {
+  const std::string text =
+      "func.func private @ext_main(%a: tensor<2xf32>, %b: tensor<2xf32>) -> (tensor<2xf32>, "
+      "tensor<2xf32>) {\n"
+      "  %0 = func.call @ext_twice(%a) : (tensor<2xf32>) -> tensor<2xf32>\n"
+      "  %1 = stablehlo.multiply %a, %b : tensor<2xf32>\n"
+      "  return %0, %1 : tensor<2xf32>, tensor<2xf32>\n}\n"
+      "func.func private @ext_twice(%x: tensor<2xf32>) -> tensor<2xf32> {\n"
+      "  %0 = stablehlo.add %x, %x : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}";
+  const Type t{DType::F32, {2}};
+  Builder b;
+  Value x = b.param(t), y = b.param(t);
+  EXPECT_FALSE(b.has_functions());
+  b.add_functions("ext_main", text);
+  b.add_functions("ext_main", text);
+  std::vector<Value> r = b.call("ext_main", {x, y}, {t, t});
+  std::vector<Value> r2 = b.call("ext_main", {r[0], y}, {t, t});
+  b.ret({r2[0], r[1]});
+  std::string m = b.module();
+  EXPECT_TRUE(b.has_functions());
+  EXPECT_EQ(m.rfind("module @m attributes {torchtpu.external = true}", 0), 0u) << m;
+  EXPECT_EQ(m.find("@ext_twice(%x"), m.rfind("@ext_twice(%x")) << "added twice:\n" << m;
+  auto out = run(b, {f32({2}, {1, 2}), f32({2}, {3, 4})});
+  expect_vec<float>(out[0], {2}, {4, 8});
+  expect_vec<float>(out[1], {2}, {3, 8});
+  EXPECT_NE(build_error([&] { b.call("ext_main", {x}, {}); }).find("returns nothing"),
+            std::string::npos);
+}
+
 }  // namespace torchtpu::hlo
