@@ -194,8 +194,10 @@ class JaxOp:
         unknown = set(static_argnames) - {p.name for p in params}
         if unknown:
             raise TypeError(f"{qualname}: static_argnames {sorted(unknown)} are not arguments")
-        self.tensor_names = [p.name for p in params if p.name not in static_argnames]
-        self.static = [p for p in params if p.name in static_argnames]
+        # Static: named, or typed/defaulted as a Python int, float, bool or str.
+        static = set(static_argnames) | {p.name for p in params if _static_kind(p)}
+        self.tensor_names = [p.name for p in params if p.name not in static]
+        self.static = [p for p in params if p.name in static]
         self._entries: dict[tuple, _Entry] = {}
         self._op = torch.library.custom_op(
             qualname, mutates_args=(), schema=self._schema(num_outputs)
@@ -209,10 +211,7 @@ class JaxOp:
     def _schema(self, num_outputs: int) -> str:
         args = [f"Tensor {n}" for n in self.tensor_names]
         for p in self.static:
-            ann = p.annotation if p.annotation is not inspect.Parameter.empty else None
-            kind = _STATIC_TYPES.get(ann) or (
-                _STATIC_TYPES.get(type(p.default)) if p.default is not p.empty else None
-            )
+            kind = _static_kind(p)
             if kind is None:
                 raise TypeError(
                     f"{self.qualname}: static argument '{p.name}' needs an int, float, bool or "
@@ -247,7 +246,9 @@ class JaxOp:
         return lambda *tensors: fn(**dict(zip(self.tensor_names, tensors)), **kw)
 
     def _entry(self, tensors: list[torch.Tensor], statics: tuple) -> _Entry:
-        key = (tuple((tuple(t.shape), t.dtype) for t in tensors), statics)
+        # A symbolic size (torch.compile's dynamic shapes) is specialized here:
+        # an export has static shapes, so each size is its own program.
+        key = (tuple((tuple(int(d) for d in t.shape), t.dtype) for t in tensors), statics)
         entry = self._entries.get(key)
         if entry is None:
             entry = self._export(tensors, statics)
@@ -260,7 +261,10 @@ class JaxOp:
         for t in tensors:
             if t.dtype not in _ELEMENT:
                 raise TypeError(f"{self.qualname}: no JAX dtype for {t.dtype}")
-        specs = [jax.ShapeDtypeStruct(tuple(t.shape), _ELEMENT[t.dtype][0]) for t in tensors]
+        specs = [
+            jax.ShapeDtypeStruct(tuple(int(d) for d in t.shape), _ELEMENT[t.dtype][0])
+            for t in tensors
+        ]
         with jax.enable_x64(True):
             exported = export.export(
                 jax.jit(self._closed(statics), keep_unused=True), platforms=[_platform()]
@@ -298,7 +302,7 @@ class JaxOp:
             self.qualname,
             callee,
             body,
-            [(e, list(t.shape)) for e, t in zip(elem, tensors)],
+            [(e, [int(d) for d in t.shape]) for e, t in zip(elem, tensors)],
             [(_ELEMENT[d][1], list(s)) for s, d in outs],
         )
         return _Entry(key, outs)
@@ -393,6 +397,15 @@ class JaxOp:
         self._op.register_autograd(backward, setup_context=setup_context)
 
 
+def _static_kind(p: inspect.Parameter) -> str | None:
+    ann = p.annotation
+    if isinstance(ann, str):  # `from __future__ import annotations`
+        ann = {"int": int, "float": float, "bool": bool, "str": str}.get(ann)
+    if ann in _STATIC_TYPES:
+        return _STATIC_TYPES[ann]
+    return _STATIC_TYPES.get(type(p.default)) if p.default is not p.empty else None
+
+
 def _differentiable(dtype: Any) -> bool:
     name = str(dtype).replace("torch.", "")
     return name.startswith(("float", "bfloat", "complex"))
@@ -434,8 +447,9 @@ def jax_op(
     autograd: bool = True,
 ) -> Any:
     """Defines the PyTorch op ``name`` ("namespace::op") from the JAX function
-    ``fn``. Tensor arguments come first; ``static_argnames`` name the others
-    (int, float, bool or str: part of the op's key, baked into the program).
+    ``fn``. Tensor arguments come first; the others are static (int, float, bool
+    or str: part of the op's key, baked into the program): those named in
+    ``static_argnames`` and those annotated or defaulted with such a type.
     ``num_outputs`` > 1 returns a tuple. With ``autograd`` the backward is a
     second op derived with ``jax.vjp``; ``op.register_autograd`` replaces it.
     Without ``fn``, returns a decorator."""

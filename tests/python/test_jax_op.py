@@ -180,3 +180,15 @@ def test_errors_name_the_op_and_what_to_do():
         torchtpu.jax_op("ttest::untyped", lambda x, k: x * k, static_argnames=("k",))
     with pytest.raises(RuntimeError, match="returned 1 outputs, defined with num_outputs=2"):
         torchtpu.jax_op("ttest::wrong_count", _gelu, num_outputs=2)(torch.ones(2, device="tpu"))
+
+
+def test_decorator_form_under_compile_with_changing_sizes():
+    @torchtpu.jax_op("ttest::decorated")
+    def shifted(x, shift: float = 1.0):
+        return jnp.tanh(x) + shift
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: shifted(x) * 2, backend="tpu")
+    for n in (3, 5, 7):  # dynamo marks the size dynamic; the export specializes it
+        x = torch.randn(n, 4)
+        assert_tpu_close(compiled(tpu(x)), (torch.tanh(x) + 1) * 2)
