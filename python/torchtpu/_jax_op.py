@@ -265,10 +265,17 @@ class JaxOp:
             jax.ShapeDtypeStruct(tuple(int(d) for d in t.shape), _ELEMENT[t.dtype][0])
             for t in tensors
         ]
-        with jax.enable_x64(True):
-            exported = export.export(
-                jax.jit(self._closed(statics), keep_unused=True), platforms=[_platform()]
-            )(*specs)
+        try:
+            with jax.enable_x64(True):
+                exported = export.export(
+                    jax.jit(self._closed(statics), keep_unused=True), platforms=[_platform()]
+                )(*specs)
+        except Exception as e:
+            shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors)
+            raise RuntimeError(
+                f"{self.qualname}: JAX could not export it for the '{_platform()}' platform "
+                f"with inputs {shapes}: {e}"
+            ) from e
         if exported.ordered_effects or exported.unordered_effects:
             raise RuntimeError(f"{self.qualname}: JAX functions with side effects cannot run here")
         outs = [(tuple(a.shape), _FROM_JAX.get(str(a.dtype))) for a in exported.out_avals]

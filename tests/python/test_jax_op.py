@@ -169,6 +169,13 @@ def test_errors_name_the_op_and_what_to_do():
     inv = torchtpu.jax_op("ttest::inv", lambda x: jnp.linalg.inv(x))
     with pytest.raises(RuntimeError, match=r"ttest::inv: .*custom call 'lapack_sgetrf_ffi'"):
         inv(torch.eye(3, device="tpu"))
+
+    def native(x):  # a compiled (not interpreted) Pallas kernel
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return pl.pallas_call(_scale_kernel, out_shape=out)(x)
+
+    with pytest.raises(RuntimeError, match=r"ttest::native: .*'cpu' platform.*interpret mode"):
+        torchtpu.jax_op("ttest::native", native)(torch.ones(8, 128, device="tpu"))
     no_grad = torchtpu.jax_op("ttest::axpy_nograd", _axpy)
     x = torch.randn(8, 128, device="tpu", requires_grad=True)
     out = no_grad(x, torch.randn(8, 128, device="tpu"))
