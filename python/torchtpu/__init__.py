@@ -31,6 +31,7 @@ from ._metrics import metrics, metrics_report, reset_metrics
 from ._modes import eager_mode, get_eager_mode
 
 __all__ = [
+    "advise",
     "cache_stats",
     "compile_report",
     "device",
@@ -41,6 +42,16 @@ __all__ = [
     "metrics_report",
     "reset_metrics",
 ]
+
+
+def __getattr__(name: str):
+    # torchtpu.advise(...) imports the advisor on first use (a callable module, so that
+    # `python -m torchtpu.advise script.py` runs it as a script too).
+    if name == "advise":
+        import importlib
+
+        return importlib.import_module(".advise", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _register() -> None:
