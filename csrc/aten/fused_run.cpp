@@ -221,6 +221,9 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
     metrics().fused_cache_hits++;
   } else {
     auto made = build(g, order, outs, failed);
+    count_program("fused graph of " + std::to_string(order.size()) +
+                  " ops: aten::" + g.nodes[order.front()].info->name +
+                  " .. aten::" + g.nodes[order.back()].info->name);
     add_program(std::move(key), made);
     entry = std::move(made);
   }

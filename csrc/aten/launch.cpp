@@ -38,6 +38,12 @@ void check_finite(const std::vector<pjrt::BufferPtr>& outs, c10::function_ref<st
   }
 }
 
+std::mutex programs_mu;
+std::unordered_map<std::string, int64_t>& programs_by_op() {
+  static auto* m = new std::unordered_map<std::string, int64_t>();
+  return *m;
+}
+
 std::mutex inflight_mu;
 // Weak: a queued buffer must not count as a holder (it would veto donation);
 // a buffer freed before it is awaited no longer bounds anything.
@@ -70,6 +76,21 @@ void add_program(std::string key, std::shared_ptr<const Launchable> entry) {
   std::lock_guard<std::mutex> lock(table_mu);
   if (table().size() >= program_table_limit()) table().clear();
   table().insert_or_assign(std::move(key), std::move(entry));
+}
+
+void count_program(const std::string& what) {
+  std::lock_guard<std::mutex> lock(programs_mu);
+  ++programs_by_op()[what];
+}
+
+std::vector<std::pair<std::string, int64_t>> program_report() {
+  std::lock_guard<std::mutex> lock(programs_mu);
+  return {programs_by_op().begin(), programs_by_op().end()};
+}
+
+void reset_program_report() {
+  std::lock_guard<std::mutex> lock(programs_mu);
+  programs_by_op().clear();
 }
 
 pjrt::ExecutablePtr compile_cached(const std::string& mlir, const pjrt::CompileOptions& options) {

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/dtype.h"
 #include "pjrt/pjrt.h"
@@ -82,5 +84,11 @@ struct Metrics {
   std::atomic<int64_t> meta_calls{0};
 };
 Metrics& metrics();
+// New programs per op: call signatures the program table had not seen (each lowered,
+// then compiled or loaded from the compile cache), so a shape that changes every step
+// names its op. Strict counts "add.Tensor"; Fused Eager "fused graph of N ops: a .. b".
+void count_program(const std::string& what);
+std::vector<std::pair<std::string, int64_t>> program_report();
+void reset_program_report();
 
 }  // namespace torchtpu::aten

@@ -121,6 +121,7 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     if (info.is_out && resize_outs(op, info, *stack, first, n, call.key))
       return strict_run(op, info, stack);
     auto made = compile_call(op, info, *stack, first, n, call.storages);
+    count_program(info.name);
     add_program(call.key, made);
     entry = std::move(made);
   }

@@ -52,6 +52,9 @@ py::dict metrics_dict() {
   py::dict fb;
   for (auto& [name, count] : fallback_report()) fb[py::str(name)] = count;
   d["fallback_ops"] = fb;
+  py::dict programs;
+  for (auto& [what, count] : program_report()) programs[py::str(what)] = count;
+  d["programs_by_op"] = programs;
   py::dict coll;
   for (auto& k : torchtpu::dist::collective_report()) {
     py::dict e;
@@ -299,6 +302,7 @@ PYBIND11_MODULE(_C, m) {
                     &x.fused_ops, &x.fused_graphs, &x.fused_cache_hits, &x.donated_bytes,
                     &x.fused_outputs, &x.compiled_graphs, &x.meta_calls})
       *c = 0;
+    reset_program_report();
     torchtpu::dist::reset_collective_report();
   });
   m.def("memory_limit", [] { return memory_limit(); });

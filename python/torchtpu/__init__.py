@@ -33,6 +33,7 @@ from ._modes import eager_mode, get_eager_mode
 
 __all__ = [
     "JaxOp",
+    "advise",
     "cache_stats",
     "compile_report",
     "device",
@@ -44,6 +45,16 @@ __all__ = [
     "metrics_report",
     "reset_metrics",
 ]
+
+
+def __getattr__(name: str):
+    # torchtpu.advise(...) imports the advisor on first use (a callable module, so that
+    # `python -m torchtpu.advise script.py` runs it as a script too).
+    if name == "advise":
+        import importlib
+
+        return importlib.import_module(".advise", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _register() -> None:
