@@ -89,12 +89,15 @@ def test_compiled_forward_backward(name, op, ref_fn, shapes):
     _check(op, lambda *a: ref_fn(*a) * 1.5, shapes, run=lambda _, *a: compiled(*a))
 
 
-def test_two_outputs_static_args_unused_and_integer_inputs(eager):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_two_outputs_static_args_unused_and_integer_inputs(eager, compiled):
     x = torch.randn(6, 5, requires_grad=True)
     idx, unused = torch.tensor([0, 3, 3]), torch.randn(2)
     xt = tpu(x)
+    torch._dynamo.reset()
+    op = torch.compile(TWO.__call__, backend="tpu") if compiled else TWO
     for k, scale in ((3, 2.0), (2, 1.0)):
-        top, rows = TWO(xt, tpu(idx), tpu(unused), k=k, scale=scale)
+        top, rows = op(xt, tpu(idx), tpu(unused), k=k, scale=scale)
         ref_top = torch.sort(x, -1).values[..., -k:] * scale
         assert_tpu_close(top, ref_top)
         assert_tpu_close(rows, x[idx].sum(0))
