@@ -6,6 +6,7 @@ BUILD  := build/py
 STAMP  := $(VENV)/.torchtpu-setup
 JOBS   ?= $(shell nproc)
 export TORCHTPU_JOBS := $(JOBS)
+export TORCHTPU_BUILD_TESTS := ON
 
 .PHONY: setup build layers test test-cpp test-py demo bench conformance device-tests lint format clean
 
