@@ -114,9 +114,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_unique_consecutive(const at::
   return unique_impl(self, false, return_inverse, return_counts);
 }
 
+// Length max(self) + 1 (at least minlength): one read of the min and max, then
+// a scatter-add of ones or the weights. Float32/64 weights keep their dtype,
+// others count in float64, as on the CPU.
+at::Tensor tpu_bincount(const at::Tensor& self, const std::optional<at::Tensor>& weights,
+                        int64_t minlength) {
+  TORCH_CHECK(self.dim() == 1 && at::isIntegralType(self.scalar_type(), /*includeBool=*/false),
+              "bincount only supports 1-d non-negative integral inputs.");
+  TORCH_CHECK(minlength >= 0, "minlength should be >= 0");
+  const bool weighted = weights.has_value() && weights->defined();
+  TORCH_CHECK(!weighted || (weights->dim() == 1 && weights->size(0) == self.size(0)),
+              "weights should be 1-d and have the same length as input");
+  int64_t n = minlength;
+  if (self.numel() > 0) {
+    at::Tensor range;
+    {
+      SyncReason why("data_dependent");
+      range = at::stack({self.min(), self.max()}).cpu();
+    }
+    TORCH_CHECK(range[0].item<int64_t>() >= 0,
+                "bincount only supports 1-d non-negative integral inputs.");
+    n = std::max(n, range[1].item<int64_t>() + 1);
+  }
+  at::ScalarType dt = at::kLong;
+  if (weighted) {
+    dt = weights->scalar_type() == at::kFloat ? at::kFloat : at::kDouble;
+  }
+  at::Tensor w = weighted ? weights->to(dt) : at::ones({self.numel()}, self.options().dtype(dt));
+  return at::zeros({n}, self.options().dtype(dt)).index_add_(0, self, w);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("bincount", TORCH_FN(tpu_bincount));
   m.impl("nonzero", TORCH_FN(tpu_nonzero));
   m.impl("nonzero.out", TORCH_FN(nonzero_out));
   m.impl("masked_select", TORCH_FN(tpu_masked_select));

@@ -42,7 +42,9 @@ Ex reduce_loss(const Ex& l, int64_t reduction) {
 }
 
 TPU_LOWERING(nn_matmul) {
-  for (const char* n : {"mm", "bmm", "dot", "mv", "vdot"}) {
+  // mm.dtype and bmm.dtype (self, mat2, out_dtype): the out dtype is the
+  // meta kernel's, so the dot accumulates in it like any matmul.
+  for (const char* n : {"mm", "bmm", "dot", "mv", "vdot", "mm.dtype", "bmm.dtype"}) {
     reg(n, [conj_self = std::string_view(n) == "vdot"](Ctx& c) -> V {
       DType t = math_dtype(c);
       // Inputs stay in their dtype; the dot accumulates in t (f32 for bf16).
@@ -52,13 +54,15 @@ TPU_LOWERING(nn_matmul) {
       return {matmul(c.b, x, c.b.convert(c.in(1), in), t)};
     });
   }
-  // (self, a, b, *, beta, alpha)
-  for (const char* n : {"addmm", "baddbmm", "addmv"}) {
-    reg(n, [](Ctx& c) -> V {
+  // (self, a, b, *, beta, alpha); addmm.dtype takes out_dtype before beta (torch's own
+  // decomposition of baddbmm.dtype runs before any backend kernel).
+  for (const char* n : {"addmm", "baddbmm", "addmv", "addmm.dtype"}) {
+    const int beta = std::string_view(n).ends_with(".dtype") ? 4 : 3;
+    reg(n, [beta](Ctx& c) -> V {
       DType t = math_dtype(c);
       DType in = promote(c.in(1).dtype(), c.in(2).dtype());
       Ex prod(c.b, matmul(c.b, c.b.convert(c.in(1), in), c.b.convert(c.in(2), in), t));
-      return {add_scaled(c, in_as(c, 0, t), prod, 3, 4)};
+      return {add_scaled(c, in_as(c, 0, t), prod, beta, beta + 1)};
     });
   }
   reg("addbmm", [](Ctx& c) -> V {

@@ -386,6 +386,22 @@ TPU_LOWERING(reduce_stats) {
     Ex factor = where(norm.cmp(Cmp::GT, maxnorm), maxnorm / (norm + 1e-7), norm.k(1));
     return {x * factor};
   });
+  // embedding_renorm_(weight, indices, max_norm, norm_type): the rows indices
+  // name whose norm is above max_norm are scaled down to it. Repeated indices
+  // write the same row twice.
+  reg("embedding_renorm", [](Ctx& c) -> V {
+    DType t = math_dtype(c);
+    Builder& b = c.b;
+    Value w = b.convert(c.in(0), t);
+    Value idx = b.convert(c.in(1), DType::I64);
+    idx = b.reshape(idx, {idx.type.numel()});
+    Ex rows(b, b.index_select(w, idx, 0));
+    Ex norm = vector_norm(rows, {1}, true, c.f64(3));
+    double max_norm = c.f64(2);
+    Ex factor = where(norm.cmp(Cmp::GT, norm.k(max_norm)), max_norm / (norm + 1e-7), norm.k(1));
+    Value scaled = b.broadcast_in_dim(factor.v, rows.v.shape(), {0, 1});
+    return {b.scatter_slices(w, idx, (rows * Ex(b, scaled)).v, 0, false)};
+  });
 }
 
 TPU_LOWERING(reduce_softmax) {

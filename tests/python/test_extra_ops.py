@@ -154,6 +154,51 @@ CASES["embedding_bag_per_sample_weights"] = (
     lambda: [_f(10, 3), torch.rand(8).requires_grad_(True)],
 )
 
+CASES["bincount"] = (lambda d, x: torch.bincount(x), lambda: [torch.tensor([1, 3, 3, 0, 7])])
+CASES["bincount_weights_minlength"] = (
+    lambda d, x, w: torch.bincount(x, w, minlength=10),
+    lambda: [torch.tensor([1, 3, 3, 0, 7]), torch.rand(5)],
+)
+CASES["bincount_empty"] = (
+    lambda d, x: torch.bincount(x, minlength=3),
+    lambda: [torch.tensor([], dtype=torch.long)],
+)
+
+
+def _renormed(d, w, p):
+    """embedding(max_norm=) renormalizes the looked-up rows of the weight in place."""
+    w = w.detach().clone() * 3
+    F.embedding(_i([[1, 2], [2, 7]], d), w, max_norm=1.5, norm_type=p)
+    return w
+
+
+for _p in (1.0, 2.0, 3.0):
+    CASES[f"embedding_renorm_p{_p:g}"] = (
+        lambda d, w, p=_p: _renormed(d, w, p),
+        lambda: [torch.randn(10, 4)],
+    )
+# mm.dtype family (bf16 in, f32 out) has no CPU kernel: the reference is the f32 product.
+CASES["mm_dtype"] = (
+    lambda d, a, b: (
+        torch.ops.aten.mm.dtype(a, b, torch.float32) if d == "tpu" else a.float() @ b.float()
+    ),
+    lambda: [torch.randn(4, 5).bfloat16(), torch.randn(5, 3).bfloat16()],
+)
+CASES["bmm_dtype"] = (
+    lambda d, a, b: (
+        torch.ops.aten.bmm.dtype(a, b, torch.float32) if d == "tpu" else a.float() @ b.float()
+    ),
+    lambda: [torch.randn(2, 4, 5).bfloat16(), torch.randn(2, 5, 3).bfloat16()],
+)
+CASES["addmm_dtype"] = (
+    lambda d, c, a, b: (
+        torch.ops.aten.addmm.dtype(c, a, b, torch.float32, beta=0.5, alpha=2)
+        if d == "tpu"
+        else 0.5 * c + 2 * (a.float() @ b.float())
+    ),
+    lambda: [torch.randn(4, 3), torch.randn(4, 5).bfloat16(), torch.randn(5, 3).bfloat16()],
+)
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_extra_op(name, eager):
