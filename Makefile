@@ -25,10 +25,12 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt
 	touch $(STAMP)
 
 # Optional extras the tests exercise (pinned in pyproject.toml), kept out of
-# `setup` so `make demo` never needs them.
+# `setup` so `make demo` never needs them. hf goes with the project's own pins on the
+# same line, so resolving its pure-Python dependencies can never replace torch.
 EXTRAS := $(VENV)/.torchtpu-extras
 $(EXTRAS): pyproject.toml $(STAMP)
 	$(VPY) -m pip install -q $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(d['project']['optional-dependencies']['jax']))")
+	$(VPY) -m pip install -q $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(' '.join(d['dependencies'] + d['optional-dependencies']['hf']))")
 	touch $(EXTRAS)
 
 build: setup
