@@ -28,7 +28,7 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def _model(seed=0):
+def _model(seed=0, dropout=0.0):
     torch.manual_seed(seed)
     cfg = GPT2Config(
         n_layer=2,
@@ -36,16 +36,16 @@ def _model(seed=0):
         n_head=4,
         vocab_size=128,
         n_positions=32,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
         bos_token_id=0,
         eos_token_id=0,
     )
     return GPT2LMHeadModel(cfg)
 
 
-def _trainer(device, out, monkeypatch, model=None, **kw):
+def _trainer(device, out, monkeypatch, model=None, cls=Trainer, **kw):
     # accelerate picks its device when TrainingArguments builds its PartialState;
     # tpu only through its env switch (which it would also apply to use_cpu runs).
     if device == "tpu":
@@ -69,7 +69,7 @@ def _trainer(device, out, monkeypatch, model=None, **kw):
     }
     opts.update(kw)
     args = TrainingArguments(**opts)
-    return Trainer(model=model or _model(), args=args, train_dataset=_Tokens())
+    return cls(model=model or _model(), args=args, train_dataset=_Tokens())
 
 
 def _losses(trainer):
@@ -145,3 +145,25 @@ def test_bf16_autocasts_on_tpu(runs, tmp_path):
     assert mlp.weight.dtype == torch.float32  # master weights stay float32
     # bfloat16 matmuls: close to the float32 CPU curve, not bit-equal
     assert _losses(t) == pytest.approx(_losses(runs["cpu"])[:2], abs=3e-2)
+
+
+def test_resume_with_dropout_restores_the_tpu_generator(runs, tmp_path):
+    # transformers' Trainer checkpoints no tpu generator; torchtpu.hf.Trainer adds it
+    from torchtpu import hf
+
+    mp = runs["mp"]
+    a = _trainer(
+        "tpu",
+        tmp_path / "a",
+        mp,
+        _model(dropout=0.1),
+        hf.Trainer,
+        save_strategy="steps",
+        save_steps=3,
+    )
+    a.train()
+    ckpt = tmp_path / "a" / "checkpoint-3"
+    assert (ckpt / "rng_state_tpu.pth").exists()
+    b = _trainer("tpu", tmp_path / "b", mp, _model(seed=7, dropout=0.1), hf.Trainer)
+    b.train(resume_from_checkpoint=str(ckpt))
+    assert _losses(b)[3:] == pytest.approx(_losses(a)[3:], abs=1e-5)
