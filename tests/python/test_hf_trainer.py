@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torchtpu  # noqa: F401  (registers the tpu device)
+import torchtpu
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 STEPS = 6  # optimizer steps; a checkpoint after step 3
@@ -167,3 +167,12 @@ def test_resume_with_dropout_restores_the_tpu_generator(runs, tmp_path):
     b = _trainer("tpu", tmp_path / "b", mp, _model(seed=7, dropout=0.1), hf.Trainer)
     b.train(resume_from_checkpoint=str(ckpt))
     assert _losses(b)[3:] == pytest.approx(_losses(a)[3:], abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["debug", "fused"])
+def test_other_eager_modes_match_cpu(runs, tmp_path, mode):
+    # Trainer reads losses and grad norms on the host every step: Fused Eager cuts there
+    with torchtpu.eager_mode(mode):
+        t = _trainer("tpu", tmp_path, runs["mp"], max_steps=2)
+        t.train()
+    assert _losses(t) == pytest.approx(_losses(runs["cpu"])[:2], abs=2e-4)
