@@ -176,3 +176,42 @@ def test_other_eager_modes_match_cpu(runs, tmp_path, mode):
         t = _trainer("tpu", tmp_path, runs["mp"], max_steps=2)
         t.train()
     assert _losses(t) == pytest.approx(_losses(runs["cpu"])[:2], abs=2e-4)
+
+
+def _accelerate_run(device, monkeypatch):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    if device == "tpu":
+        monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "tpu")
+    else:
+        monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    acc = Accelerator(cpu=device == "cpu", mixed_precision="bf16", gradient_accumulation_steps=2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 4))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    seen = set()
+    model[0].register_forward_hook(lambda m, a, o: seen.add((a[0].device.type, o.dtype)))
+    model, opt, loader = acc.prepare(model, opt, loader)
+    for x, y in loader:
+        with acc.accumulate(model):
+            with acc.autocast():  # prepare() returns float32 outputs; the hook sees inside
+                out = model(x)
+            acc.backward(torch.nn.functional.mse_loss(out.float(), y))
+            opt.step()
+            opt.zero_grad()
+    dev = acc.device
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return dev, seen, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_accelerate_selects_tpu(monkeypatch):
+    dev, seen, weights = _accelerate_run("tpu", monkeypatch)
+    assert dev.type == "tpu" and seen == {("tpu", torch.bfloat16)}
+    cpu_dev, cpu_seen, cpu_weights = _accelerate_run("cpu", monkeypatch)
+    assert cpu_dev.type == "cpu" and cpu_seen == {("cpu", torch.bfloat16)}
+    for w, c in zip(weights, cpu_weights):
+        torch.testing.assert_close(w, c, rtol=2e-2, atol=2e-2)
