@@ -1,7 +1,8 @@
 """Hugging Face Trainer and accelerate on tpu: device selection, bf16 autocast,
 gradient accumulation, checkpoint save and resume, against the same Trainer run on
 CPU.  A tiny GPT-2 from a config (random init, no downloads); dropout off so CPU
-and tpu runs see the same computation.  Selecting tpu is accelerate's own switch,
+and tpu runs see the same computation (one resume test turns it on).  transformers
+finds tpu through torch.accelerator; accelerate through its own switch,
 ACCELERATE_TORCH_DEVICE=tpu (docs/ECOSYSTEM.md)."""
 
 from __future__ import annotations
