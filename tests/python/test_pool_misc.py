@@ -231,8 +231,12 @@ CASES = {
 @pytest.mark.parametrize("pad", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
 @pytest.mark.parametrize("align", [True, False])
-def test_grid_sample(pad, mode, align, eager):
-    x, g = torch.randn(2, 3, 5, 6), torch.rand(2, 4, 3, 2) * 2.6 - 1.3
+@pytest.mark.parametrize("dims", [2, 3])
+def test_grid_sample(pad, mode, align, dims, eager):
+    if dims == 2:
+        x, g = torch.randn(2, 3, 5, 6), torch.rand(2, 4, 3, 2) * 2.6 - 1.3
+    else:
+        x, g = torch.randn(2, 3, 4, 5, 6), torch.rand(2, 3, 2, 4, 3) * 2.6 - 1.3
     xr, gr = x.clone().requires_grad_(True), g.clone().requires_grad_(True)
     xd, gd = x.to("tpu").requires_grad_(True), g.to("tpu").requires_grad_(True)
     ref = F.grid_sample(xr, gr, mode=mode, padding_mode=pad, align_corners=align)
