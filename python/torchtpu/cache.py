@@ -109,20 +109,20 @@ def _pack(args: argparse.Namespace, info: dict) -> int:
                     f"[tpu cache] {args.run[0]} exited with {rc}: no pack written", file=sys.stderr
                 )
                 return rc
-            return _pack_dir(work, args.out)
+            return _pack_dir(work, args.out, f"used by {' '.join(args.run)}")
         finally:
             shutil.rmtree(work, ignore_errors=True)
     source = args.source or info["dir"]
     if not source:
         print("[tpu cache] TORCHTPU_CACHE_DIR is off: give --from DIR", file=sys.stderr)
         return 1
-    return _pack_dir(source, args.out)
+    return _pack_dir(source, args.out, f"from {source}")
 
 
-def _pack_dir(source: str, out: str) -> int:
+def _pack_dir(source: str, out: str, what: str) -> int:
     entries, skipped, size = _C._cache_pack(source, out)
     note = f" ({skipped} damaged entries skipped)" if skipped else ""
-    print(f"{out}: {entries} programs from {source}, {_human(size)}{note}")
+    print(f"{out}: {entries} programs {what}, {_human(size)}{note}")
     return 0
 
 
