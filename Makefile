@@ -8,7 +8,7 @@ JOBS   ?= $(shell nproc)
 export TORCHTPU_JOBS := $(JOBS)
 export TORCHTPU_BUILD_TESTS := ON
 
-.PHONY: setup build layers test test-cpp test-py demo bench conformance device-tests lint format clean
+.PHONY: setup build layers test test-cpp test-py demo demo-pack bench conformance device-tests lint format clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,14 @@ test: layers test-cpp test-py
 
 demo: build
 	$(VPY) examples/train_gpt.py
+
+# The demo from a kernel pack: one run packs the programs it used into $(DEMO_PACK),
+# then a cold process with an empty cache directory runs it from the pack (compiles=0).
+DEMO_PACK ?= build/demo.pack
+demo-pack: build
+	$(VPY) -m torchtpu.cache pack $(DEMO_PACK) --run examples/train_gpt.py
+	d=$$(mktemp -d) && TORCHTPU_CACHE_DIR=$$d TORCHTPU_CACHE_PACKS=$(DEMO_PACK) \
+	  $(VPY) -m torchtpu.cache run examples/train_gpt.py; rc=$$?; rm -rf $$d; exit $$rc
 
 bench: build
 	$(VPY) bench/run.py

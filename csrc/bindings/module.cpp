@@ -79,6 +79,9 @@ py::dict cache_stats_dict() {
   d["memory_hits"] = s.memory_hits;
   d["disk_hits"] = s.disk_hits;
   d["shared_hits"] = s.shared_hits;
+  d["pack_hits"] = s.pack_hits;
+  d["pack_entries"] = s.pack_entries;
+  d["pack_refused"] = s.pack_refused;
   d["misses"] = s.misses;
   d["errors"] = s.errors;
   d["evictions"] = s.evictions;
@@ -90,6 +93,7 @@ py::dict cache_stats_dict() {
   d["bytes"] = u.bytes;
   d["dir"] = c.local_dir;
   d["shared_dir"] = c.shared_dir;
+  d["packs"] = c.packs;
   d["max_bytes"] = c.max_bytes;
   return d;
 }
@@ -284,10 +288,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("count_compiled_graph", [] { metrics().compiled_graphs++; });
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,
-        "Compile cache counters of this process (requests, memory/disk/shared hits, misses =\n"
+        "Compile cache counters of this process (requests, memory/disk/shared/pack hits, misses =\n"
         "compiles, errors ignored, evictions, executables unloaded, compile seconds spent and "
-        "saved, load seconds)\n"
-        "and the local cache directory's entries and bytes.");
+        "saved, load seconds,\n"
+        "pack entries usable and refused) and the local cache directory's entries and bytes.");
   m.def("_cache_usage", [](const std::string& dir) {
     auto u = torchtpu::cache::DiskStore(dir).usage();
     return std::make_pair(u.entries, u.bytes);
@@ -295,6 +299,24 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cache_evict", [](const std::string& dir, int64_t max_bytes) {
     return torchtpu::cache::DiskStore(dir).evict(max_bytes);
   });
+  m.def("_cache_pack", [](const std::string& dir, const std::string& out) {
+    auto s = torchtpu::cache::pack_directory(torchtpu::cache::DiskStore(dir), out);
+    return py::make_tuple(s.entries, s.skipped, s.bytes);
+  });
+  // A pack's entries as (key hex, identity hex, bytes, compile seconds);
+  // RuntimeError naming the file when it is damaged.
+  m.def("_cache_pack_entries", [](const std::string& path) {
+    namespace tc = torchtpu::cache;
+    auto pack = tc::PackFile::open(path);
+    py::list out;
+    for (const auto& e : pack->entries()) {
+      out.append(py::make_tuple(tc::to_hex(e.header.key), tc::to_hex(e.header.identity),
+                                e.header.file_size()));
+    }
+    return out;
+  });
+  m.def("_cache_identity",
+        [] { return torchtpu::cache::to_hex(torchtpu::cache::runtime_identity(client())); });
   m.def("reset_metrics", [] {
     auto& x = metrics();
     for (auto* c : {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs,
