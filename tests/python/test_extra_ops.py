@@ -177,6 +177,19 @@ for _p in (1.0, 2.0, 3.0):
         lambda d, w, p=_p: _renormed(d, w, p),
         lambda: [torch.randn(10, 4)],
     )
+# hash_tensor: XOR of the bits (floats as float64, integers as int64).
+CASES["hash_tensor_float"] = (
+    lambda d, x: torch.ops.aten.hash_tensor(x, [1], keepdim=True),
+    lambda: [torch.randn(3, 4)],
+)
+CASES["hash_tensor_int_all"] = (
+    lambda d, x: torch.ops.aten.hash_tensor(x),
+    lambda: [torch.randint(-100, 100, (2, 5), dtype=torch.int32)],
+)
+CASES["hash_tensor_bool"] = (
+    lambda d, x: torch.ops.aten.hash_tensor(x, [0]),
+    lambda: [torch.rand(4, 3) > 0.5],
+)
 # mm.dtype family (bf16 in, f32 out) has no CPU kernel: the reference is the f32 product.
 CASES["mm_dtype"] = (
     lambda d, a, b: (
