@@ -242,8 +242,12 @@ namespace {
 using c10::CachingDeviceAllocator::DeviceStats;
 constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
 
-std::mutex memory_mu;
-std::unordered_map<int, DeviceStats>& device_stats() {  // under memory_mu
+// Leaked, like the client: storages may be freed after static destructors ran.
+std::mutex& memory_mu() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::unordered_map<int, DeviceStats>& device_stats() {  // under memory_mu()
   static auto* m = new std::unordered_map<int, DeviceStats>();
   return *m;
 }
@@ -270,7 +274,7 @@ void delete_storage(void* ctx) {
   auto* s = static_cast<DeviceStorage*>(ctx);
   publish_storage_freed(s);
   {
-    std::lock_guard<std::mutex> lock(memory_mu);
+    std::lock_guard<std::mutex> lock(memory_mu());
     DeviceStats& st = device_stats()[s->device];
     add_bytes(st, -static_cast<int64_t>(s->nbytes));
     for (auto* a : {&st.allocation, &st.segment, &st.active}) (*a)[kAll].decrease(1);
@@ -286,7 +290,7 @@ void take_memory(size_t n, int dev) {
   const int64_t limit = memory_limit();
   int64_t in_use = 0;
   {
-    std::lock_guard<std::mutex> lock(memory_mu);
+    std::lock_guard<std::mutex> lock(memory_mu());
     DeviceStats& st = device_stats()[dev];
     in_use = st.allocated_bytes[kAll].current;
     if (static_cast<int64_t>(n) <= limit - in_use) {
@@ -341,12 +345,12 @@ TpuAllocator g_allocator;
 c10::Allocator* allocator() { return &g_allocator; }
 
 DeviceStats memory_stats(int device) {
-  std::lock_guard<std::mutex> lock(memory_mu);
+  std::lock_guard<std::mutex> lock(memory_mu());
   return device_stats()[device];
 }
 
 void reset_peak_memory(int device) {
-  std::lock_guard<std::mutex> lock(memory_mu);
+  std::lock_guard<std::mutex> lock(memory_mu());
   DeviceStats& st = device_stats()[device];
   for (auto* a : {&st.allocation, &st.segment, &st.active, &st.allocated_bytes, &st.reserved_bytes,
                   &st.active_bytes, &st.requested_bytes})
@@ -355,7 +359,7 @@ void reset_peak_memory(int device) {
 }
 
 void reset_accumulated_memory(int device) {
-  std::lock_guard<std::mutex> lock(memory_mu);
+  std::lock_guard<std::mutex> lock(memory_mu());
   DeviceStats& st = device_stats()[device];
   for (auto* a : {&st.allocation, &st.segment, &st.active, &st.allocated_bytes, &st.reserved_bytes,
                   &st.active_bytes, &st.requested_bytes})
@@ -366,7 +370,7 @@ void reset_accumulated_memory(int device) {
 void storage_resized(DeviceStorage& st, size_t nbytes) {
   const int64_t delta = static_cast<int64_t>(nbytes) - static_cast<int64_t>(st.nbytes);
   {
-    std::lock_guard<std::mutex> lock(memory_mu);
+    std::lock_guard<std::mutex> lock(memory_mu());
     add_bytes(device_stats()[st.device], delta);
   }
   add_bytes_in_use(delta);

@@ -283,11 +283,27 @@ PYBIND11_MODULE(_C, m) {
     torchtpu::dist::reset_collective_report();
   });
   m.def("memory_limit", [] { return memory_limit(); });
-  m.def("memory_allocated", [](int d) { return memory_stats(d).allocated_bytes[0].current; });
-  m.def("max_memory_allocated", [](int d) { return memory_stats(d).allocated_bytes[0].peak; });
-  m.def("reset_peak_memory_stats", &reset_peak_memory);
-  m.def("reset_accumulated_memory_stats", &reset_accumulated_memory);
-  m.def("memory_stats", &memory_stats_dict);
+  // Device indices are checked: a bad one raises IndexError, as for torch.cuda.
+  m.def("memory_allocated", [](int d) {
+    check_device(d);
+    return memory_stats(d).allocated_bytes[0].current;
+  });
+  m.def("max_memory_allocated", [](int d) {
+    check_device(d);
+    return memory_stats(d).allocated_bytes[0].peak;
+  });
+  m.def("reset_peak_memory_stats", [](int d) {
+    check_device(d);
+    reset_peak_memory(d);
+  });
+  m.def("reset_accumulated_memory_stats", [](int d) {
+    check_device(d);
+    reset_accumulated_memory(d);
+  });
+  m.def("memory_stats", [](int d) {
+    check_device(d);
+    return memory_stats_dict(d);
+  });
   m.def("manual_seed", [](int device, uint64_t seed) {
     at::Generator g = gen(device);
     std::lock_guard<std::mutex> lock(g.mutex());

@@ -119,6 +119,8 @@ def test_device_properties():
     assert p.total_memory == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     free, total = torch.tpu.mem_get_info()
     assert total == p.total_memory and free == total - torch.tpu.memory_allocated()
+    with pytest.raises(IndexError, match="out of range"):
+        torch.tpu.memory_allocated(7)
 
 
 def test_memory_per_device_and_out_of_memory():
