@@ -143,6 +143,33 @@ std::vector<hlo::Type> mlir_types(
   return out;
 }
 
+// torch.cuda.memory_stats' keys for what this allocator really tracks: the "all"
+// pool of each statistic and the event counters.
+py::dict memory_stats_dict(int device) {
+  c10::CachingDeviceAllocator::DeviceStats st = memory_stats(device);
+  py::dict d;
+  auto put = [&](const char* name, const c10::CachingAllocator::StatArray& a) {
+    const auto& s = a[0];
+    const std::string base = std::string(name) + ".all.";
+    d[py::str(base + "current")] = s.current;
+    d[py::str(base + "peak")] = s.peak;
+    d[py::str(base + "allocated")] = s.allocated;
+    d[py::str(base + "freed")] = s.freed;
+  };
+  put("allocation", st.allocation);
+  put("segment", st.segment);
+  put("active", st.active);
+  put("allocated_bytes", st.allocated_bytes);
+  put("reserved_bytes", st.reserved_bytes);
+  put("active_bytes", st.active_bytes);
+  put("requested_bytes", st.requested_bytes);
+  d["num_alloc_retries"] = st.num_alloc_retries;
+  d["num_ooms"] = st.num_ooms;
+  d["num_device_alloc"] = st.num_device_alloc;
+  d["num_device_free"] = st.num_device_free;
+  return d;
+}
+
 at::Generator gen(int device) { return default_generator(device < 0 ? current_device() : device); }
 
 }  // namespace
@@ -328,9 +355,27 @@ PYBIND11_MODULE(_C, m) {
     torchtpu::dist::reset_collective_report();
   });
   m.def("memory_limit", [] { return memory_limit(); });
-  m.def("memory_allocated", [] { return metrics().bytes_in_use.load(); });
-  m.def("max_memory_allocated", [] { return metrics().peak_bytes.load(); });
-  m.def("reset_peak_memory_stats", [] { metrics().peak_bytes = metrics().bytes_in_use.load(); });
+  // Device indices are checked: a bad one raises IndexError, as for torch.cuda.
+  m.def("memory_allocated", [](int d) {
+    check_device(d);
+    return memory_stats(d).allocated_bytes[0].current;
+  });
+  m.def("max_memory_allocated", [](int d) {
+    check_device(d);
+    return memory_stats(d).allocated_bytes[0].peak;
+  });
+  m.def("reset_peak_memory_stats", [](int d) {
+    check_device(d);
+    reset_peak_memory(d);
+  });
+  m.def("reset_accumulated_memory_stats", [](int d) {
+    check_device(d);
+    reset_accumulated_memory(d);
+  });
+  m.def("memory_stats", [](int d) {
+    check_device(d);
+    return memory_stats_dict(d);
+  });
   m.def("manual_seed", [](int device, uint64_t seed) {
     at::Generator g = gen(device);
     std::lock_guard<std::mutex> lock(g.mutex());
