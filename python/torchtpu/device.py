@@ -54,6 +54,9 @@ def current_device() -> int:
 
 
 def set_device(device: _DeviceLike) -> None:
+    # Initializes like torch.cuda.set_device: DeviceMesh (and other callers) take
+    # is_initialized() as "the user picked a device" and otherwise reset it to LOCAL_RANK.
+    init()
     _C.set_device(_index(device))
 
 
@@ -157,9 +160,18 @@ def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
 
 
 def memory_stats(device: _DeviceLike = None) -> dict:
+    # CUDA's key names, which tools (TorchTitan's memory monitor) read. Nothing is
+    # cached, so reserved == allocated == active; there are no allocator retries.
+    current, peak = memory_allocated(), max_memory_allocated()
     return {
-        "allocated_bytes.all.current": memory_allocated(),
-        "allocated_bytes.all.peak": max_memory_allocated(),
+        "allocated_bytes.all.current": current,
+        "allocated_bytes.all.peak": peak,
+        "active_bytes.all.current": current,
+        "active_bytes.all.peak": peak,
+        "reserved_bytes.all.current": current,
+        "reserved_bytes.all.peak": peak,
+        "num_alloc_retries": 0,
+        "num_ooms": 0,
     }
 
 
