@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.torchtpu-setup
 JOBS   ?= $(shell nproc)
 export TORCHTPU_JOBS := $(JOBS)
 
-.PHONY: setup build layers test test-cpp test-py demo bench conformance device-tests lint format clean
+.PHONY: setup build layers test test-cpp test-py demo bench conformance device-tests ecosystem lint format clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,7 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt
 EXTRAS := $(VENV)/.torchtpu-extras
 $(EXTRAS): pyproject.toml $(STAMP)
 	$(VPY) -m pip install -q $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(d['project']['optional-dependencies']['jax']))")
+	$(VPY) -m pip install -q --no-deps $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(d['project']['optional-dependencies']['titan']))")
 	touch $(EXTRAS)
 
 build: setup
@@ -60,6 +61,11 @@ conformance: build
 # module_db) on tpu vs CPU; a report, not a gate: regenerates docs/DEVICE_TESTS.md.
 device-tests: build
 	$(VPY) tests/device/run.py
+
+# TorchTitan's llama3 debug model trained by its own trainer on tpu vs CPU (1 process and
+# FSDP2 over 2 ranks); a report: regenerates docs/ECOSYSTEM.md (a few minutes).
+ecosystem: build $(EXTRAS)
+	PYTHONPATH=tests/ecosystem $(VPY) tests/ecosystem/run.py
 
 lint:
 	$(VENV)/bin/ruff check python tests bench examples tools
