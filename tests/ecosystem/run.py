@@ -122,16 +122,18 @@ ADAPTER_NOTES = """## What runs TorchTitan here, and what is not TorchTitan's
   imports torchtpu before the trainer; TorchTitan's `torchtitan.tools.utils` finds the
   PrivateUse1 device through `torch._utils._get_available_device_type()` and uses
   `torch.tpu` as its device module; torch.distributed maps `tpu` to `tpu_dist`.
-- **Attention**: TorchTitan 0.3.0's language models offer only FlexAttention (compiled
-  through inductor; no backward on CPU, and it rejects devices other than
-  cuda/cpu/xpu/hpu/mps) or VarlenAttention (CUDA flash). Both devices therefore run with
+- **Attention**: TorchTitan 0.3.0's language models offer only FlexAttention or
+  VarlenAttention (CUDA flash). FlexAttention fails on CPU ("FlexAttention does not support
+  backward on CPU") and on tpu: it is `torch.compile`d with inductor, and torch 2.13's
+  inductor generates Pallas code for a device named `tpu`, importing Google's `torch_tpu`
+  (`ModuleNotFoundError: No module named 'torch_tpu'`). Both devices therefore run with
   `--override.imports titan_overrides.causal_sdpa` (TorchTitan's override mechanism),
   which puts TorchTitan's own `ScaledDotProductAttention` (causal, no per-document mask)
   in its place.
 - **2 ranks** use `--parallelism.spmd-backend partial_dtensor`: the default
   (`spmd_types`) fails on CPU and tpu alike in `fully_shard` ("When dp_mesh_dims is
-  provided, all parameters must be DTensors on the full SPMD mesh"); it needs a newer torch
-  than 2.13.
+  provided, all parameters must be DTensors on the full SPMD mesh ... Got plain tensor for
+  parameter 'weight'"), apparently a torch newer than 2.13 is expected.
 - **Adapter patches** (titan_run.py, no TorchTitan file edited): `triton` placeholder when
   triton is absent (torchtitan imports it at module level for MoE/fused kernels llama3 never
   runs); `torch.distributed.set_timeout` mapped to torch 2.13's `_set_pg_timeout`
