@@ -8,7 +8,7 @@ JOBS   ?= $(shell nproc)
 export TORCHTPU_JOBS := $(JOBS)
 export TORCHTPU_BUILD_TESTS := ON
 
-.PHONY: setup build layers test test-cpp test-py demo demo-pack bench conformance device-tests lint format clean
+.PHONY: setup build layers test test-cpp test-py demo demo-pack bench conformance device-tests ecosystem lint format clean
 
 setup: $(STAMP)
 
@@ -27,8 +27,10 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt
 # Optional extras the tests exercise (pinned in pyproject.toml), kept out of
 # `setup` so `make demo` never needs them.
 EXTRAS := $(VENV)/.torchtpu-extras
+extra = $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(d['project']['optional-dependencies']['$(1)']))")
 $(EXTRAS): pyproject.toml $(STAMP)
-	$(VPY) -m pip install -q $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(d['project']['optional-dependencies']['jax']))")
+	$(VPY) -m pip install -q $(call extra,jax)
+	$(VPY) -m pip install -q --no-deps $(call extra,titan)
 	touch $(EXTRAS)
 
 build: setup
@@ -69,6 +71,11 @@ conformance: build
 # module_db) on tpu vs CPU; a report, not a gate: regenerates docs/DEVICE_TESTS.md.
 device-tests: build
 	$(VPY) tests/device/run.py
+
+# TorchTitan's llama3 debug model trained by its own trainer on tpu vs CPU (1 process and
+# FSDP2 over 2 ranks); a report: regenerates docs/ECOSYSTEM.md (a few minutes).
+ecosystem: build $(EXTRAS)
+	PYTHONPATH=tests/ecosystem $(VPY) tests/ecosystem/run.py
 
 lint:
 	$(VENV)/bin/ruff check python tests bench examples tools

@@ -100,6 +100,19 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+void assert_async_msg(const at::Tensor& self, c10::string_view assert_msg) {
+  TORCH_CHECK(self.numel() == 1, "[tpu] _assert_async: expected a one-element tensor, got ",
+              self.sizes());
+  const c10::Scalar v = local_scalar_dense(self);
+  const bool ok = v.isComplex()         ? v.toComplexDouble() != c10::complex<double>(0)
+                  : v.isFloatingPoint() ? v.toDouble() != 0
+                                        : v.toLong() != 0;
+  TORCH_CHECK(ok, assert_msg.empty() ? "Expected Tensor with single nonzero value, but got zero"
+                                     : std::string(assert_msg));
+}
+
+void assert_async(const at::Tensor& self) { assert_async_msg(self, ""); }
+
 namespace {
 
 std::mutex fallback_mu;

@@ -54,6 +54,9 @@ def current_device() -> int:
 
 
 def set_device(device: _DeviceLike) -> None:
+    # Initializes like torch.cuda.set_device: DeviceMesh (and other callers) take
+    # is_initialized() as "the user picked a device" and otherwise reset it to LOCAL_RANK.
+    init()
     _C.set_device(_index(device))
 
 

@@ -147,6 +147,36 @@ def test_memory_per_device_and_out_of_memory():
     )
 
 
+def test_memory_stats_use_cuda_key_names():
+    # Tools written for CUDA (TorchTitan's memory monitor) read these keys.
+    x = torch.ones(256, device="tpu")
+    torch.tpu.synchronize()
+    stats = torch.tpu.memory_stats()
+    del x
+    assert stats["active_bytes.all.peak"] == stats["reserved_bytes.all.peak"] > 0
+    assert stats["num_alloc_retries"] == stats["num_ooms"] == 0
+
+
+def test_set_device_initializes():
+    # DeviceMesh takes is_initialized() as "a device was chosen" and otherwise resets it
+    # to LOCAL_RANK, as for CUDA where set_device initializes.
+    import torchtpu.device
+
+    torchtpu.device._initialized = False
+    torch.tpu.set_device(0)
+    assert torch.tpu.is_initialized()
+
+
+def test_assert_async_raises_on_zero():
+    x = torch.tensor([3.0], device="tpu")
+    torch._assert_async(x > 2)
+    torch._assert_async(x.sum() > 2, "never shown")
+    with pytest.raises(RuntimeError, match="position_ids exceed"):
+        torch._assert_async((x > 5).squeeze(), "position_ids exceed max_valid_pos")
+    with pytest.raises(RuntimeError, match="single nonzero value"):
+        torch._assert_async(torch.tensor(0, device="tpu"))
+
+
 # ---------------------------------------------------------------- moving tensors
 
 
