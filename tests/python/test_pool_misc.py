@@ -218,6 +218,25 @@ CASES = {
         lambda x: torch.histogram(x, torch.tensor([-2.0, -0.5, 0.0, 0.3, 2.0], device=x.device)),
         lambda: [torch.randn(25)],
     ),
+    "histogramdd": (lambda x: tuple(torch.histogramdd(x, [3, 4, 2])), lambda: [torch.randn(40, 3)]),
+    "histogramdd_range_density_weight": (
+        lambda x, w: tuple(
+            torch.histogramdd(x, [2, 3], range=[-1.0, 1.0, -2.0, 0.5], weight=w, density=True)
+        ),
+        lambda: [torch.randn(5, 6, 2), torch.rand(5, 6)],
+    ),
+    "histogramdd_edges": (
+        lambda x: tuple(
+            torch.histogramdd(
+                x,
+                [
+                    torch.tensor([-3.0, 0.0, 0.5, 3.0], device=x.device),
+                    torch.tensor([-1.0, 1.0], device=x.device),
+                ],
+            )
+        ),
+        lambda: [torch.randn(30, 2)],
+    ),
     "eigvalsh": (lambda a: torch.linalg.eigvalsh(a), lambda: [_spd(5)]),
     "svdvals": (lambda a: torch.linalg.svdvals(a), lambda: [_f(2, 5, 3)]),
     "pinv": (lambda a: torch.linalg.pinv(a), lambda: [_f(4, 3)]),
