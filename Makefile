@@ -79,12 +79,12 @@ ecosystem: build $(EXTRAS)
 
 lint:
 	$(VENV)/bin/ruff check python tests bench examples tools
-	$(VENV)/bin/clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+	$(VENV)/bin/clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp tests/cpp/*.h
 	$(PYTHON) tools/check_layers.py
 
 format:
 	$(VENV)/bin/ruff format python tests bench examples
-	$(VENV)/bin/clang-format -i csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+	$(VENV)/bin/clang-format -i csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp tests/cpp/*.h
 
 clean:
 	rm -rf build python/torchtpu/_C*.so

@@ -15,55 +15,13 @@
 #include "cache/compile_cache.h"
 #include "cache/disk_store.h"
 #include "cache/sha256.h"
+#include "cache_fixtures.h"
 
 namespace torchtpu::cache {
 namespace {
 
 namespace fs = std::filesystem;
-
-pjrt::ClientPtr cpu_client() {
-  static pjrt::ClientPtr client = [] {
-    std::string path =
-        std::string(TORCHTPU_SITE_PACKAGES) + "/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so";
-    return pjrt::Client::create(pjrt::Plugin::load(path), {{"cpu_device_count", int64_t{1}}});
-  }();
-  return client;
-}
-
-std::string add_program(int n) {
-  std::string t = "tensor<" + std::to_string(n) + "xf32>";
-  return "module {\n  func.func public @main(%a: " + t + ", %b: " + t + ") -> " + t +
-         " {\n    %0 = stablehlo.add %a, %b : " + t + "\n    return %0 : " + t + "\n  }\n}\n";
-}
-
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> n{0};
-    path_ = fs::temp_directory_path() /
-            ("torchtpu_pack_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_file(const fs::path& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f << bytes;
-}
+using namespace fixtures;
 
 Digest identity_of(const char* name) { return sha256(name); }
 

@@ -8,17 +8,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
-import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RUNNER = HERE / "titan_run.py"
+sys.path.insert(0, str(REPO / "tests" / "python" / "dist"))
+from launch import free_port, run_bounded
 
 # TorchTitan options on top of its llama3_debugmodel config: a short, small run on the
 # locally built tokenizer and dataset, deterministic, no validation.
@@ -60,15 +58,9 @@ def titan_args(assets: dict, dump: Path, steps: int, seed_ckpt: Path | None,
     return args + ["activation-checkpoint:none"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def command(device: str, nproc: int, args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-            "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "--max-restarts=0",
+            "--master-addr=127.0.0.1", f"--master-port={free_port()}", "--max-restarts=0",
             str(RUNNER), "--device", device, "--", *args]
 
 
@@ -92,17 +84,8 @@ def launch(label: str, device: str, nproc: int, args: list[str], timeout: float,
     full_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO / "python"), str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     full_env.setdefault("OMP_NUM_THREADS", "1")
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            cwd=str(REPO))
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        out += f"\n[titan] killed after {timeout} s"
-    return Run(label, cmd, proc.returncode, parse_losses(out), time.monotonic() - start, out)
+    res = run_bounded(cmd, full_env, timeout, cwd=str(REPO), tag="titan")
+    return Run(label, cmd, res.returncode, parse_losses(res.output), res.seconds, res.output)
 
 
 def make_seed_checkpoint(assets: dict, root: Path, timeout: float) -> Path:
