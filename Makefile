@@ -8,7 +8,7 @@ JOBS   ?= $(shell nproc)
 export TORCHTPU_JOBS := $(JOBS)
 export TORCHTPU_BUILD_TESTS := ON
 
-.PHONY: setup build layers test test-cpp test-py demo bench conformance device-tests lint format clean
+.PHONY: setup build layers test test-cpp test-py demo demo-pack bench conformance device-tests ecosystem lint format clean
 
 setup: $(STAMP)
 
@@ -25,12 +25,14 @@ $(STAMP): pyproject.toml setup.py CMakeLists.txt
 	touch $(STAMP)
 
 # Optional extras the tests exercise (pinned in pyproject.toml), kept out of
-# `setup` so `make demo` never needs them. hf goes with the project's own pins on the
-# same line, so resolving its pure-Python dependencies can never replace torch.
+# `setup` so `make demo` never needs them. hf is resolved by pip with torch pinned on the
+# same line, so its pure-Python dependencies install and torch is never replaced.
 EXTRAS := $(VENV)/.torchtpu-extras
+extra = $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(d['project']['optional-dependencies']['$(1)']))")
 $(EXTRAS): pyproject.toml $(STAMP)
-	$(VPY) -m pip install -q $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(d['project']['optional-dependencies']['jax']))")
-	$(VPY) -m pip install -q $$($(VPY) -c "import tomllib; d = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(' '.join(d['dependencies'] + d['optional-dependencies']['hf']))")
+	$(VPY) -m pip install -q $(call extra,jax)
+	$(VPY) -m pip install -q --no-deps $(call extra,titan)
+	$(VPY) -m pip install -q torch==2.13.0 $(call extra,hf)
 	touch $(EXTRAS)
 
 build: setup
@@ -51,6 +53,14 @@ test: layers test-cpp test-py
 demo: build
 	$(VPY) examples/train_gpt.py
 
+# The demo from a kernel pack: one run packs the programs it used into $(DEMO_PACK),
+# then a cold process with an empty cache directory runs it from the pack (compiles=0).
+DEMO_PACK ?= build/demo.pack
+demo-pack: build
+	$(VPY) -m torchtpu.cache pack $(DEMO_PACK) --run examples/train_gpt.py
+	d=$$(mktemp -d) && TORCHTPU_CACHE_DIR=$$d TORCHTPU_CACHE_PACKS=$(DEMO_PACK) \
+	  $(VPY) -m torchtpu.cache run examples/train_gpt.py; rc=$$?; rm -rf $$d; exit $$rc
+
 bench: build
 	$(VPY) bench/run.py
 	$(VPY) bench/dist.py
@@ -64,14 +74,19 @@ conformance: build
 device-tests: build
 	$(VPY) tests/device/run.py
 
+# TorchTitan's llama3 debug model trained by its own trainer on tpu vs CPU (1 process and
+# FSDP2 over 2 ranks); a report: regenerates docs/ECOSYSTEM.md (a few minutes).
+ecosystem: build $(EXTRAS)
+	PYTHONPATH=tests/ecosystem $(VPY) tests/ecosystem/run.py
+
 lint:
 	$(VENV)/bin/ruff check python tests bench examples tools
-	$(VENV)/bin/clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+	$(VENV)/bin/clang-format --dry-run -Werror csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp tests/cpp/*.h
 	$(PYTHON) tools/check_layers.py
 
 format:
 	$(VENV)/bin/ruff format python tests bench examples
-	$(VENV)/bin/clang-format -i csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp
+	$(VENV)/bin/clang-format -i csrc/*/*.cpp csrc/*/*.h tests/cpp/*.cpp tests/cpp/*.h
 
 clean:
 	rm -rf build python/torchtpu/_C*.so

@@ -22,12 +22,14 @@ using lower::to_dtype;
 namespace {
 
 // Runs the internal program `key` (a "C"-prefixed key in the launcher's
-// table), built by `build` on a miss.
-std::vector<pjrt::BufferPtr> run_internal(const std::string& key,
+// table), built by `build` on a miss; `kind` names it in profiler traces.
+std::vector<pjrt::BufferPtr> run_internal(const char* kind, const std::string& key,
                                           const std::function<void(Builder&)>& build,
                                           const std::vector<pjrt::BufferPtr>& inputs, int device) {
   std::shared_ptr<const Launchable> entry = find_program(key);
+  auto name = [&](const char* what) { return std::string("torchtpu::") + what + " " + kind; };
   if (!entry) {
+    TraceScope trace([&] { return name("compile"); });
     Builder b;
     build(b);
     auto made = std::make_shared<Launchable>();
@@ -37,6 +39,7 @@ std::vector<pjrt::BufferPtr> run_internal(const std::string& key,
   } else {
     metrics().cache_hits++;
   }
+  TraceScope trace([&] { return name("execute"); });
   return launch(*entry->exe, inputs, device);
 }
 
@@ -91,7 +94,7 @@ void write_dense(const at::Tensor& dst, const pjrt::BufferPtr& value_buf) {
   DType sd = st.dtype;
   int64_t n = st.buffer->numel();
   auto outs = run_internal(
-      key,
+      "copy_write", key,
       [&](Builder& b) {
         Value v = b.param(Type{value_buf->dtype(), {dst.numel()}});
         Value flat = b.param(Type{sd, {n}});
@@ -114,7 +117,7 @@ pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
   key.push_back(static_cast<char>(st.dtype));
   key.append(std::to_string(st.buffer->numel()));
   auto outs = run_internal(
-      key,
+      "copy_read", key,
       [&](Builder& b) {
         Value flat = load_flat(b, st, d);
         b.ret({b.reshape(lower::read_view(b, flat, view_geom(t)), {t.numel()})});
@@ -131,6 +134,7 @@ void device_copy(const at::Tensor& src, const at::Tensor& dst) {
     // Across devices: through the host (one client, no peer copies needed here).
     at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
     auto buf = dense_buffer(src);
+    TraceScope trace("torchtpu::to_host", static_cast<int64_t>(host.nbytes()));
     buf->to_host(host.data_ptr(), host.nbytes());
     metrics().bytes_to_host += static_cast<int64_t>(host.nbytes());
     host_to_device(host.expand(dst.sizes()).to(dst.scalar_type()).contiguous(), dst);
@@ -142,7 +146,7 @@ void device_copy(const at::Tensor& src, const at::Tensor& dst) {
   if (src.sizes() == dst.sizes() && sbuf->dtype() == d) return write_dense(dst, sbuf);
   std::string key = "Cbcast" + geom_key(src) + geom_key(dst);
   auto outs = run_internal(
-      key,
+      "copy_broadcast", key,
       [&](Builder& b) {
         Value v = b.param(Type{sbuf->dtype(), {src.numel()}});
         v = b.reshape(v, src.sizes().vec());
@@ -168,8 +172,11 @@ void host_to_device(const at::Tensor& src, const at::Tensor& dst) {
   TORCH_INTERNAL_ASSERT(src.is_contiguous() && src.sizes() == dst.sizes());
   auto& st = device_storage(dst.storage());
   int64_t dims[1] = {src.numel()};
-  auto buf =
-      client().buffer_from_host(src.data_ptr(), to_dtype(src.scalar_type()), dims, st.device);
+  pjrt::BufferPtr buf;
+  {
+    TraceScope trace("torchtpu::to_device", static_cast<int64_t>(src.nbytes()));
+    buf = client().buffer_from_host(src.data_ptr(), to_dtype(src.scalar_type()), dims, st.device);
+  }
   metrics().bytes_to_device += static_cast<int64_t>(src.nbytes());
   write_dense(dst, buf);
 }
@@ -190,7 +197,7 @@ void resize_storage(const c10::Storage& storage, size_t nbytes) {
       key.push_back(static_cast<char>(st.dtype));
       DType d = st.dtype;
       auto outs = run_internal(
-          key,
+          "resize", key,
           [&](Builder& b) {
             Value flat = b.param(Type{d, {n_old}});
             Value out = n_new > n_old ? b.pad(flat, b.constant(0, d), {0}, {n_new - n_old}, {0})
@@ -201,8 +208,7 @@ void resize_storage(const c10::Storage& storage, size_t nbytes) {
       st.buffer = outs[0];
     }
   }
-  metrics().bytes_in_use += static_cast<int64_t>(nbytes) - static_cast<int64_t>(st.nbytes);
-  st.nbytes = nbytes;
+  storage_resized(st, nbytes);
   storage.unsafeGetStorageImpl()->set_nbytes(nbytes);
 }
 

@@ -83,6 +83,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     metrics().host_syncs++;
     auto buf = dense_buffer(self, "to_cpu");
     at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
+    TraceScope trace("torchtpu::to_host", static_cast<int64_t>(host.nbytes()));
     buf->to_host(host.data_ptr(), host.nbytes());
     metrics().bytes_to_host += static_cast<int64_t>(host.nbytes());
     const_cast<at::Tensor&>(dst).copy_(host);
@@ -98,6 +99,19 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   copy_from(self, host, false);
   return host.item();
 }
+
+void assert_async_msg(const at::Tensor& self, c10::string_view assert_msg) {
+  TORCH_CHECK(self.numel() == 1, "[tpu] _assert_async: expected a one-element tensor, got ",
+              self.sizes());
+  const c10::Scalar v = local_scalar_dense(self);
+  const bool ok = v.isComplex()         ? v.toComplexDouble() != c10::complex<double>(0)
+                  : v.isFloatingPoint() ? v.toDouble() != 0
+                                        : v.toLong() != 0;
+  TORCH_CHECK(ok, assert_msg.empty() ? "Expected Tensor with single nonzero value, but got zero"
+                                     : std::string(assert_msg));
+}
+
+void assert_async(const at::Tensor& self) { assert_async_msg(self, ""); }
 
 namespace {
 

@@ -20,6 +20,10 @@ void run_op(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
 // _local_scalar_dense (item()): a host sync.
 c10::Scalar local_scalar_dense(const at::Tensor& self);
+// _assert_async(.msg): the check runs on the host after a sync (XLA has no
+// device-side assert), raising like the CPU kernel when the value is zero.
+void assert_async(const at::Tensor& self);
+void assert_async_msg(const at::Tensor& self, c10::string_view assert_msg);
 
 // Counts (and warns once per op about) a call run on the CPU.
 void count_fallback(const std::string& name);

@@ -220,6 +220,7 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
     hit = true;
     metrics().fused_cache_hits++;
   } else {
+    TraceScope trace("torchtpu::compile fused_graph", static_cast<int64_t>(order.size()));
     auto made = build(g, order, outs, failed);
     count_program("fused graph of " + std::to_string(order.size()) +
                   " ops: aten::" + g.nodes[order.front()].info->name +
@@ -228,6 +229,7 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
     entry = std::move(made);
   }
   GraphFeed feed(g, order);
+  TraceScope trace("torchtpu::execute fused_graph", static_cast<int64_t>(order.size()));
   std::vector<pjrt::BufferPtr> results =
       launch(*entry->exe, gather_inputs(*entry, feed, g.device), g.device);
   metrics().fused_graphs++;
@@ -260,6 +262,8 @@ void flush_locked(Graph& g, const char* reason, int target) {
     clear(g);
     return;
   }
+  TraceScope trace([&] { return std::string("torchtpu::fused_flush ") + reason; },
+                   static_cast<int64_t>(g.nodes.size()));
   auto t0 = std::chrono::steady_clock::now();
   g.cuts[reason]++;
   g.ahead = false;

@@ -59,6 +59,17 @@ size_t max_inflight() {
   return n;
 }
 
+// A profiler mark naming the compile cache tier that served a compile request.
+void trace_cache_tier(const cache::Stats& a, const cache::Stats& b) {
+  TraceScope mark([&] {
+    const char* tier = b.memory_hits > a.memory_hits   ? "memory_hit"
+                       : b.disk_hits > a.disk_hits     ? "disk_hit"
+                       : b.shared_hits > a.shared_hits ? "shared_hit"
+                                                       : "miss";
+    return std::string("torchtpu::compile_cache ") + tier;
+  });
+}
+
 }  // namespace
 
 size_t program_table_limit() {
@@ -95,10 +106,12 @@ void reset_program_report() {
 
 pjrt::ExecutablePtr compile_cached(const std::string& mlir, const pjrt::CompileOptions& options) {
   auto& cc = cache::process_cache(client_ptr());
-  const int64_t misses = cc.stats().misses;
+  const cache::Stats before = cc.stats();
   auto t0 = std::chrono::steady_clock::now();
   pjrt::ExecutablePtr exe = cc.get(mlir, options);
   auto dt = std::chrono::steady_clock::now() - t0;
+  trace_cache_tier(before, cc.stats());
+  const int64_t misses = before.misses;
   // Disk and shared hits load a serialized executable: only misses compile.
   if (cc.stats().misses > misses) {
     metrics().compiles++;
@@ -146,6 +159,7 @@ void track_inflight(const pjrt::BufferPtr& out) {
 }
 
 void synchronize() {
+  TraceScope trace("torchtpu::synchronize");
   publish(Event::SyncRequested, "synchronize");
   std::deque<std::weak_ptr<pjrt::Buffer>> pending;
   {

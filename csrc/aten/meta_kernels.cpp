@@ -147,6 +147,26 @@ void fused_step_meta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::drop(*stack, n);
 }
 
+// histogramdd's pieces over an input [..., D]: D edge vectors, and the counts.
+std::vector<at::Tensor> histogramdd_edges_meta(const at::Tensor& self, at::IntArrayRef bins,
+                                               std::optional<at::ArrayRef<double>>,
+                                               const std::optional<at::Tensor>&, bool) {
+  std::vector<at::Tensor> out;
+  for (int64_t nb : bins) out.push_back(at::empty({nb + 1}, self.options()));
+  return out;
+}
+at::Tensor histogramdd_cts_meta(const at::Tensor& self, at::IntArrayRef bins,
+                                std::optional<at::ArrayRef<double>>,
+                                const std::optional<at::Tensor>&, bool) {
+  return at::empty(bins, self.options());
+}
+at::Tensor histogramdd_tensors_meta(const at::Tensor& self, at::TensorList bins,
+                                    const std::optional<at::Tensor>&, bool) {
+  std::vector<int64_t> shape;
+  for (const at::Tensor& e : bins) shape.push_back(e.numel() - 1);
+  return at::empty(shape, self.options());
+}
+
 // torchtpu::jax_call's outputs are the registered function's results.
 std::vector<at::Tensor> jax_call_meta(at::TensorList args, int64_t key) {
   auto f = lower::find_external(key);
@@ -185,6 +205,9 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("_thnn_fused_gru_cell_backward", TORCH_FN(gru_cell_backward_meta));
   m.impl("histogram.bin_ct", TORCH_FN(histogram_bin_ct_meta));
   m.impl("histogram.bins_tensor", TORCH_FN(histogram_bins_meta));
+  m.impl("_histogramdd_bin_edges", TORCH_FN(histogramdd_edges_meta));
+  m.impl("_histogramdd_from_bin_cts", TORCH_FN(histogramdd_cts_meta));
+  m.impl("_histogramdd_from_bin_tensors", TORCH_FN(histogramdd_tensors_meta));
   m.impl("fractional_max_pool3d_backward", TORCH_FN(fractional_max_pool3d_backward_meta));
   m.impl("multi_margin_loss_backward", TORCH_FN(multi_margin_backward_meta));
   m.impl("multilabel_margin_loss_backward", TORCH_FN(multilabel_margin_backward_meta));

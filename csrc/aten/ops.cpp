@@ -186,6 +186,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_assert_async", assert_async);
+  m.impl("_assert_async.msg", assert_async_msg);
   m.impl("_has_compatible_shallow_copy_type", compatible_shallow_copy);
   m.impl("record_stream", record_stream);
 }

@@ -438,6 +438,7 @@ pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device) {
               : (v.isTensorList() ? v.toTensorList().get(sub) : v.toList().get(sub).toTensor());
   t = t.contiguous();
   metrics().bytes_to_device += static_cast<int64_t>(t.nbytes());
+  TraceScope trace("torchtpu::to_device", static_cast<int64_t>(t.nbytes()));
   return client().buffer_from_host(t.data_ptr(), to_dtype(t.scalar_type()), t.sizes(), device);
 }
 

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 
 #include "aten/events.h"
 
@@ -216,6 +217,12 @@ Metrics& metrics() {
   return m;
 }
 
+void TraceScope::begin(const std::string& name, int64_t value) {
+  if (value < 0) return rf_->before(name);
+  const c10::IValue in(value);
+  rf_->before(name, c10::ArrayRef<const c10::IValue>(&in, 1));
+}
+
 // --- storage and allocator
 
 // Device memory the allocator hands out: TORCHTPU_MEMORY_LIMIT bytes, else the
@@ -232,35 +239,84 @@ int64_t memory_limit() {
 
 namespace {
 
+using c10::CachingDeviceAllocator::DeviceStats;
+constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+
+// Leaked, like the client: storages may be freed after static destructors ran.
+std::mutex& memory_mu() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::unordered_map<int, DeviceStats>& device_stats() {  // under memory_mu()
+  static auto* m = new std::unordered_map<int, DeviceStats>();
+  return *m;
+}
+
+// Byte counts of a live storage: allocated == reserved == active == requested.
+void add_bytes(DeviceStats& st, int64_t delta) {
+  for (auto* a : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes, &st.requested_bytes}) {
+    if (delta >= 0)
+      (*a)[kAll].increase(static_cast<size_t>(delta));
+    else
+      (*a)[kAll].decrease(static_cast<size_t>(-delta));
+  }
+}
+
+void add_bytes_in_use(int64_t delta) {
+  auto& m = metrics();
+  int64_t now = (m.bytes_in_use += delta);
+  int64_t peak = m.peak_bytes.load();
+  while (now > peak && !m.peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+}
+
 void delete_storage(void* ctx) {
   auto* s = static_cast<DeviceStorage*>(ctx);
   publish_storage_freed(s);
+  {
+    std::lock_guard<std::mutex> lock(memory_mu());
+    DeviceStats& st = device_stats()[s->device];
+    add_bytes(st, -static_cast<int64_t>(s->nbytes));
+    for (auto* a : {&st.allocation, &st.segment, &st.active}) (*a)[kAll].decrease(1);
+    st.num_device_free++;
+  }
   metrics().bytes_in_use -= static_cast<int64_t>(s->nbytes);
   delete s;
 }
 
-void check_capacity(size_t n, int dev) {
-  int64_t in_use = metrics().bytes_in_use.load(), limit = memory_limit();
+// Counts the allocation of `n` bytes on `dev`, or raises OutOfMemoryError when
+// the device's limit would be passed.
+void take_memory(size_t n, int dev) {
+  const int64_t limit = memory_limit();
+  int64_t in_use = 0;
+  {
+    std::lock_guard<std::mutex> lock(memory_mu());
+    DeviceStats& st = device_stats()[dev];
+    in_use = st.allocated_bytes[kAll].current;
+    if (static_cast<int64_t>(n) <= limit - in_use) {
+      add_bytes(st, static_cast<int64_t>(n));
+      for (auto* a : {&st.allocation, &st.segment, &st.active}) (*a)[kAll].increase(1);
+      st.num_device_alloc++;
+      in_use = -1;
+    } else {
+      st.num_ooms++;
+    }
+  }
   TORCH_CHECK_WITH(
-      OutOfMemoryError, static_cast<int64_t>(n) <= limit - in_use,
-      "[tpu] out of memory on tpu:", dev, ": tried to allocate ", n, " bytes with ", in_use,
-      " bytes in use of ", limit,
+      OutOfMemoryError, in_use < 0, "[tpu] out of memory on tpu:", dev, ": tried to allocate ", n,
+      " bytes with ", in_use, " bytes in use of ", limit,
       " available. Free tensors, use smaller batches, or raise TORCHTPU_MEMORY_LIMIT.");
+  add_bytes_in_use(static_cast<int64_t>(n));
 }
 
 class TpuAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     int dev = current_device();
-    check_capacity(n, dev);
+    take_memory(n, dev);
     auto* s = new DeviceStorage();
     s->device = dev;
     s->nbytes = n;
-    auto& m = metrics();
-    int64_t now = (m.bytes_in_use += static_cast<int64_t>(n));
-    int64_t peak = m.peak_bytes.load();
-    while (now > peak && !m.peak_bytes.compare_exchange_weak(peak, now)) {
-    }
     // The data pointer is the context itself: a unique, never-dereferenced id.
     return {s, s, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, dev)};
   }
@@ -269,20 +325,16 @@ class TpuAllocator final : public c10::DeviceAllocator {
     TORCH_CHECK(false, "[tpu] raw device copies are not supported; use tensor.copy_()");
   }
   bool initialized() override { return true; }
+  // Nothing is cached: a storage's buffer is released when the storage dies.
   void emptyCache(c10::MempoolId_t) override {}
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
-  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override {
-    c10::CachingDeviceAllocator::DeviceStats st;
-    auto& m = metrics();
-    auto& cur = st.allocated_bytes[0];
-    cur.current = m.bytes_in_use.load();
-    cur.peak = m.peak_bytes.load();
-    st.reserved_bytes[0] = cur;
-    return st;
-  }
-  void resetAccumulatedStats(c10::DeviceIndex) override {}
-  void resetPeakStats(c10::DeviceIndex) override {
-    metrics().peak_bytes = metrics().bytes_in_use.load();
+  DeviceStats getDeviceStats(c10::DeviceIndex d) override { return memory_stats(d); }
+  void resetAccumulatedStats(c10::DeviceIndex d) override { reset_accumulated_memory(d); }
+  void resetPeakStats(c10::DeviceIndex d) override { reset_peak_memory(d); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override {
+    const int64_t limit = memory_limit();
+    const int64_t used = memory_stats(d).allocated_bytes[kAll].current;
+    return {static_cast<size_t>(std::max<int64_t>(0, limit - used)), static_cast<size_t>(limit)};
   }
 };
 
@@ -292,10 +344,44 @@ TpuAllocator g_allocator;
 
 c10::Allocator* allocator() { return &g_allocator; }
 
+DeviceStats memory_stats(int device) {
+  std::lock_guard<std::mutex> lock(memory_mu());
+  return device_stats()[device];
+}
+
+void reset_peak_memory(int device) {
+  std::lock_guard<std::mutex> lock(memory_mu());
+  DeviceStats& st = device_stats()[device];
+  for (auto* a : {&st.allocation, &st.segment, &st.active, &st.allocated_bytes, &st.reserved_bytes,
+                  &st.active_bytes, &st.requested_bytes})
+    (*a)[kAll].reset_peak();
+  metrics().peak_bytes = metrics().bytes_in_use.load();
+}
+
+void reset_accumulated_memory(int device) {
+  std::lock_guard<std::mutex> lock(memory_mu());
+  DeviceStats& st = device_stats()[device];
+  for (auto* a : {&st.allocation, &st.segment, &st.active, &st.allocated_bytes, &st.reserved_bytes,
+                  &st.active_bytes, &st.requested_bytes})
+    (*a)[kAll].reset_accumulated();
+  st.num_device_alloc = st.num_device_free = st.num_ooms = 0;
+}
+
+void storage_resized(DeviceStorage& st, size_t nbytes) {
+  const int64_t delta = static_cast<int64_t>(nbytes) - static_cast<int64_t>(st.nbytes);
+  {
+    std::lock_guard<std::mutex> lock(memory_mu());
+    add_bytes(device_stats()[st.device], delta);
+  }
+  add_bytes_in_use(delta);
+  st.nbytes = nbytes;
+}
+
 pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device) {
   std::vector<unsigned char> zeros(static_cast<size_t>(n) * itemsize(dtype), 0);
   int64_t dims[1] = {n};
   metrics().bytes_to_device += static_cast<int64_t>(zeros.size());
+  TraceScope trace("torchtpu::to_device", static_cast<int64_t>(zeros.size()));
   return client().buffer_from_host(zeros.data(), dtype, dims, device);
 }
 

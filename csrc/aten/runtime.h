@@ -2,13 +2,17 @@
 // metrics. The torch-facing glue for csrc/pjrt.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Storage.h>
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -50,6 +54,14 @@ c10::Allocator* allocator();
 // Bytes the allocator hands out per device: TORCHTPU_MEMORY_LIMIT, else the
 // host's physical memory.
 int64_t memory_limit();
+// Allocator statistics of one device, as torch.cuda's allocator reports them. Only
+// the "all" pool is kept: every storage is its own allocation, segment and active
+// block, and nothing is cached (reserved == allocated).
+c10::CachingDeviceAllocator::DeviceStats memory_stats(int device);
+void reset_peak_memory(int device);
+void reset_accumulated_memory(int device);
+// Accounts a storage's size change (resize_).
+void storage_resized(DeviceStorage& st, size_t nbytes);
 // Zero-initialized storage buffer of `nbytes` with element type `dtype`.
 pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device);
 // New contiguous tpu tensor owning `buf` (rank-1, numel elements).
@@ -90,5 +102,27 @@ Metrics& metrics();
 void count_program(const std::string& what);
 std::vector<std::pair<std::string, int64_t>> program_report();
 void reset_program_report();
+
+// A torch.profiler range (a RecordFunction user scope). `name` may be a callable
+// returning the name: it runs only while a profiler listens, so an idle profiler
+// costs one thread-local check. `value` >= 0 (bytes moved, ops in a graph) becomes
+// the event's input, shown with record_shapes=True.
+class TraceScope {
+ public:
+  template <class Name>
+  explicit TraceScope(Name&& name, int64_t value = -1) {
+    auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
+    if (C10_LIKELY(!callbacks)) return;
+    rf_.emplace(std::move(*callbacks));
+    if constexpr (std::is_invocable_v<Name>)
+      begin(std::string(name()), value);
+    else
+      begin(std::string(name), value);
+  }
+
+ private:
+  void begin(const std::string& name, int64_t value);
+  std::optional<at::RecordFunction> rf_;
+};
 
 }  // namespace torchtpu::aten

@@ -120,6 +120,7 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     // out= tensors of the wrong size are resized first (then the key changes).
     if (info.is_out && resize_outs(op, info, *stack, first, n, call.key))
       return strict_run(op, info, stack);
+    TraceScope trace([&] { return "torchtpu::compile aten::" + info.name; });
     auto made = compile_call(op, info, *stack, first, n, call.storages);
     count_program(info.name);
     add_program(call.key, made);
@@ -127,9 +128,12 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
   }
   const int device = call.storages.empty() ? current_device() : call.storages[0]->device;
   StackFeed feed(*entry, call, *stack, device);
-  std::vector<pjrt::BufferPtr> outs =
-      launch(*entry->exe, gather_inputs(*entry, feed, device), device,
-             [&] { return describe(info.name, *stack, first, n); });
+  std::vector<pjrt::BufferPtr> outs;
+  {
+    TraceScope trace([&] { return "torchtpu::execute aten::" + info.name; });
+    outs = launch(*entry->exe, gather_inputs(*entry, feed, device), device,
+                  [&] { return describe(info.name, *stack, first, n); });
+  }
   push_results(*entry, info, outs, call.storages, device, *stack, first);
 }
 

@@ -79,6 +79,9 @@ py::dict cache_stats_dict() {
   d["memory_hits"] = s.memory_hits;
   d["disk_hits"] = s.disk_hits;
   d["shared_hits"] = s.shared_hits;
+  d["pack_hits"] = s.pack_hits;
+  d["pack_entries"] = s.pack_entries;
+  d["pack_refused"] = s.pack_refused;
   d["misses"] = s.misses;
   d["errors"] = s.errors;
   d["evictions"] = s.evictions;
@@ -90,6 +93,7 @@ py::dict cache_stats_dict() {
   d["bytes"] = u.bytes;
   d["dir"] = c.local_dir;
   d["shared_dir"] = c.shared_dir;
+  d["packs"] = c.packs;
   d["max_bytes"] = c.max_bytes;
   return d;
 }
@@ -137,6 +141,33 @@ std::vector<hlo::Type> mlir_types(
     out.push_back(hlo::Type{*d, shape});
   }
   return out;
+}
+
+// torch.cuda.memory_stats' keys for what this allocator really tracks: the "all"
+// pool of each statistic and the event counters.
+py::dict memory_stats_dict(int device) {
+  c10::CachingDeviceAllocator::DeviceStats st = memory_stats(device);
+  py::dict d;
+  auto put = [&](const char* name, const c10::CachingAllocator::StatArray& a) {
+    const auto& s = a[0];
+    const std::string base = std::string(name) + ".all.";
+    d[py::str(base + "current")] = s.current;
+    d[py::str(base + "peak")] = s.peak;
+    d[py::str(base + "allocated")] = s.allocated;
+    d[py::str(base + "freed")] = s.freed;
+  };
+  put("allocation", st.allocation);
+  put("segment", st.segment);
+  put("active", st.active);
+  put("allocated_bytes", st.allocated_bytes);
+  put("reserved_bytes", st.reserved_bytes);
+  put("active_bytes", st.active_bytes);
+  put("requested_bytes", st.requested_bytes);
+  d["num_alloc_retries"] = st.num_alloc_retries;
+  d["num_ooms"] = st.num_ooms;
+  d["num_device_alloc"] = st.num_device_alloc;
+  d["num_device_free"] = st.num_device_free;
+  return d;
 }
 
 at::Generator gen(int device) { return default_generator(device < 0 ? current_device() : device); }
@@ -284,10 +315,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("count_compiled_graph", [] { metrics().compiled_graphs++; });
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,
-        "Compile cache counters of this process (requests, memory/disk/shared hits, misses =\n"
+        "Compile cache counters of this process (requests, memory/disk/shared/pack hits, misses =\n"
         "compiles, errors ignored, evictions, executables unloaded, compile seconds spent and "
-        "saved, load seconds)\n"
-        "and the local cache directory's entries and bytes.");
+        "saved, load seconds,\n"
+        "pack entries usable and refused) and the local cache directory's entries and bytes.");
   m.def("_cache_usage", [](const std::string& dir) {
     auto u = torchtpu::cache::DiskStore(dir).usage();
     return std::make_pair(u.entries, u.bytes);
@@ -295,6 +326,24 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cache_evict", [](const std::string& dir, int64_t max_bytes) {
     return torchtpu::cache::DiskStore(dir).evict(max_bytes);
   });
+  m.def("_cache_pack", [](const std::string& dir, const std::string& out) {
+    auto s = torchtpu::cache::pack_directory(torchtpu::cache::DiskStore(dir), out);
+    return py::make_tuple(s.entries, s.skipped, s.bytes);
+  });
+  // A pack's entries as (key hex, identity hex, bytes, compile seconds);
+  // RuntimeError naming the file when it is damaged.
+  m.def("_cache_pack_entries", [](const std::string& path) {
+    namespace tc = torchtpu::cache;
+    auto pack = tc::PackFile::open(path);
+    py::list out;
+    for (const auto& e : pack->entries()) {
+      out.append(py::make_tuple(tc::to_hex(e.header.key), tc::to_hex(e.header.identity),
+                                e.header.file_size()));
+    }
+    return out;
+  });
+  m.def("_cache_identity",
+        [] { return torchtpu::cache::to_hex(torchtpu::cache::runtime_identity(client())); });
   m.def("reset_metrics", [] {
     auto& x = metrics();
     for (auto* c : {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs,
@@ -306,9 +355,27 @@ PYBIND11_MODULE(_C, m) {
     torchtpu::dist::reset_collective_report();
   });
   m.def("memory_limit", [] { return memory_limit(); });
-  m.def("memory_allocated", [] { return metrics().bytes_in_use.load(); });
-  m.def("max_memory_allocated", [] { return metrics().peak_bytes.load(); });
-  m.def("reset_peak_memory_stats", [] { metrics().peak_bytes = metrics().bytes_in_use.load(); });
+  // Device indices are checked: a bad one raises IndexError, as for torch.cuda.
+  m.def("memory_allocated", [](int d) {
+    check_device(d);
+    return memory_stats(d).allocated_bytes[0].current;
+  });
+  m.def("max_memory_allocated", [](int d) {
+    check_device(d);
+    return memory_stats(d).allocated_bytes[0].peak;
+  });
+  m.def("reset_peak_memory_stats", [](int d) {
+    check_device(d);
+    reset_peak_memory(d);
+  });
+  m.def("reset_accumulated_memory_stats", [](int d) {
+    check_device(d);
+    reset_accumulated_memory(d);
+  });
+  m.def("memory_stats", [](int d) {
+    check_device(d);
+    return memory_stats_dict(d);
+  });
   m.def("manual_seed", [](int device, uint64_t seed) {
     at::Generator g = gen(device);
     std::lock_guard<std::mutex> lock(g.mutex());

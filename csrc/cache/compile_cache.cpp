@@ -108,6 +108,12 @@ Config Config::from_env() {
   if (const char* v = std::getenv("TORCHTPU_CACHE_LOCK_TIMEOUT")) c.lock_timeout_s = std::atof(v);
   if (const char* v = std::getenv("TORCHTPU_CACHE_MEMORY_ENTRIES"))
     c.memory_entries = std::max<int64_t>(1, std::atoll(v));
+  std::string packs = env_or("TORCHTPU_CACHE_PACKS", "");
+  for (size_t at = 0; at <= packs.size();) {
+    size_t end = std::min(packs.find(':', at), packs.size());
+    if (end > at) c.packs.push_back(packs.substr(at, end - at));
+    at = end + 1;
+  }
   return c;
 }
 
@@ -210,8 +216,73 @@ void CompileCache::trim_memory() {
   }
 }
 
+// Indexes the packs' entries of this runtime; the others are refused one by
+// one and counted, a damaged pack as a whole, each with one warning.
+void CompileCache::open_packs() {
+  for (const std::string& path : config_.packs) {
+    std::shared_ptr<PackFile> pack;
+    try {
+      pack = PackFile::open(path);
+    } catch (const std::exception& e) {
+      errors_++;
+      std::fprintf(stderr, "[tpu cache] refused %s; its programs are compiled instead.\n",
+                   e.what());
+      continue;
+    }
+    int64_t refused = 0;
+    const auto& entries = pack->entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const EntryHeader& h = entries[i].header;
+      if (h.identity != identity_) {
+        refused++;
+        continue;
+      }
+      if (pack_index_.emplace(std::string(h.key.begin(), h.key.end()), PackRef{pack.get(), i})
+              .second)
+        pack_entries_++;
+    }
+    pack_refused_ += refused;
+    if (refused > 0) {
+      std::fprintf(stderr,
+                   "[tpu cache] kernel pack %s: refused %lld of %zu entries compiled for another "
+                   "runtime (plugin, platform, host CPU or XLA_FLAGS differ); those programs "
+                   "are compiled instead.\n",
+                   path.c_str(), static_cast<long long>(refused), entries.size());
+    }
+    packs_.push_back(std::move(pack));
+  }
+}
+
+pjrt::ExecutablePtr CompileCache::load_pack(const Digest& key,
+                                            const pjrt::CompileOptions& options) {
+  std::call_once(packs_opened_, [this] { open_packs(); });
+  auto it = pack_index_.find(std::string(key.begin(), key.end()));
+  if (it == pack_index_.end()) return nullptr;
+  auto t0 = Clock::now();
+  StoredEntry entry;
+  if (auto why = it->second.file->read(it->second.index, &entry)) {
+    errors_++;
+    std::fprintf(stderr, "[tpu cache] skipping a damaged pack entry: %s\n", why->c_str());
+    return nullptr;
+  }
+  pjrt::ExecutablePtr exe;
+  try {
+    exe = client_->deserialize(entry.payload, options);
+  } catch (const std::exception&) {
+    errors_++;  // Checksum fine but the plugin rejects it: compiled instead.
+    return nullptr;
+  }
+  pack_hits_++;
+  add_seconds(load_ns_, seconds_since(t0));
+  add_seconds(saved_ns_, entry.compile_seconds);
+  return exe;
+}
+
 pjrt::ExecutablePtr CompileCache::produce(const Digest& key, const std::string& mlir,
                                           const pjrt::CompileOptions& options) {
+  if (!config_.packs.empty()) {
+    if (auto exe = load_pack(key, options)) return exe;
+  }
   if (auto hit = load(local_, key, options)) {
     disk_hits_++;
     return hit->exe;
@@ -276,6 +347,7 @@ pjrt::ExecutablePtr CompileCache::compile_and_store(const Digest& key, const std
   if (!persist) return exe;
   StoredEntry entry;
   entry.compile_seconds = dt;
+  entry.identity = identity_;
   try {
     entry.payload = exe->serialize();
   } catch (const std::exception& e) {
@@ -290,7 +362,7 @@ pjrt::ExecutablePtr CompileCache::compile_and_store(const Digest& key, const std
 void CompileCache::store(Tier& tier, const Digest& key, const StoredEntry& entry) {
   if (!tier.store || !tier.writable) return;
   try {
-    tier.store->write(key, entry.payload, entry.compile_seconds);
+    tier.store->write(key, entry.payload, entry.compile_seconds, entry.identity);
   } catch (const std::exception& e) {
     degrade(tier, e.what(), /*reads_too=*/false);
     return;
@@ -329,6 +401,9 @@ Stats CompileCache::stats() const {
   s.memory_hits = memory_hits_;
   s.disk_hits = disk_hits_;
   s.shared_hits = shared_hits_;
+  s.pack_hits = pack_hits_;
+  s.pack_entries = pack_entries_;
+  s.pack_refused = pack_refused_;
   s.misses = misses_;
   s.errors = errors_;
   s.evictions = evictions_;

@@ -13,8 +13,10 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "cache/disk_store.h"
+#include "cache/pack.h"
 #include "pjrt/pjrt.h"
 
 namespace torchtpu::cache {
@@ -27,16 +29,19 @@ struct Config {
   // Executables kept loaded by the memory tier (least recently used go first;
   // each loaded executable holds a few memory mappings, and a process has ~65k).
   int64_t memory_entries = 2048;
+  std::vector<std::string> packs;  // read-only kernel packs, first match wins
   // TORCHTPU_CACHE_DIR (default ~/.cache/torchtpu, "off" disables),
   // TORCHTPU_CACHE_MAX_BYTES, TORCHTPU_SHARED_CACHE_DIR, TORCHTPU_CACHE_LOCK_TIMEOUT,
-  // TORCHTPU_CACHE_MEMORY_ENTRIES.
+  // TORCHTPU_CACHE_MEMORY_ENTRIES, TORCHTPU_CACHE_PACKS (paths separated by ':').
   static Config from_env();
 };
 
 struct Stats {
-  int64_t requests = 0, memory_hits = 0, disk_hits = 0, shared_hits = 0;
-  int64_t misses = 0;  // compiles
-  int64_t errors = 0;  // bad entries or failed cache I/O, ignored and recompiled
+  int64_t requests = 0, memory_hits = 0, disk_hits = 0, shared_hits = 0, pack_hits = 0;
+  int64_t pack_entries = 0;  // usable entries of the packs (known once they are opened)
+  int64_t pack_refused = 0;  // pack entries compiled for another runtime, never loaded
+  int64_t misses = 0;        // compiles
+  int64_t errors = 0;        // bad entries or failed cache I/O, ignored and recompiled
   int64_t evictions = 0;
   int64_t unloaded = 0;        // executables the memory tier dropped (over memory_entries)
   double compile_seconds = 0;  // spent compiling misses
@@ -59,6 +64,7 @@ class CompileCache {
   Digest key(const std::string& mlir_text, const pjrt::CompileOptions& options) const;
   Stats stats() const;
   const Config& config() const { return config_; }
+  const Digest& identity() const { return identity_; }
   // Entries and bytes of the local disk tier (zero when disabled).
   Usage disk_usage() const;
   const pjrt::Client* client() const { return client_.get(); }
@@ -74,6 +80,12 @@ class CompileCache {
     std::atomic<bool> readable{true}, writable{true};  // cleared by degrade()
     std::once_flag warned;
   };
+  struct PackRef {
+    const PackFile* file;
+    size_t index;
+  };
+  void open_packs();  // once, at the first lookup
+  pjrt::ExecutablePtr load_pack(const Digest& key, const pjrt::CompileOptions& options);
   pjrt::ExecutablePtr produce(const Digest& key, const std::string& mlir,
                               const pjrt::CompileOptions& options);
   std::optional<Loaded> load(Tier& tier, const Digest& key, const pjrt::CompileOptions& options);
@@ -88,7 +100,10 @@ class CompileCache {
   CompileFn compile_;
   Digest identity_;  // plugin file, versions and (on CPU) host CPU features
   Tier local_, shared_;
-  std::atomic<int64_t> writes_{0}, approx_bytes_{0};  // local tier size estimate
+  std::once_flag packs_opened_;
+  std::vector<std::shared_ptr<PackFile>> packs_;
+  std::unordered_map<std::string, PackRef> pack_index_;  // filled once, then read-only
+  std::atomic<int64_t> writes_{0}, approx_bytes_{0};     // local tier size estimate
 
   struct Resident {
     std::shared_future<pjrt::ExecutablePtr> exe;
@@ -101,7 +116,7 @@ class CompileCache {
   std::list<std::string> lru_;  // most recently used first
 
   std::atomic<int64_t> requests_{0}, memory_hits_{0}, disk_hits_{0}, shared_hits_{0}, misses_{0},
-      errors_{0}, evictions_{0}, unloaded_{0};
+      errors_{0}, evictions_{0}, unloaded_{0}, pack_hits_{0}, pack_entries_{0}, pack_refused_{0};
   std::atomic<int64_t> compile_ns_{0}, saved_ns_{0}, load_ns_{0};
 };
 

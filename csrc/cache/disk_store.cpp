@@ -24,9 +24,11 @@ namespace {
 
 // Entry file: a fixed little-endian header, then the payload.
 //   0 magic[8]  8 format u32  12 header size u32  16 key[32]  48 payload size u64
-//  56 compile seconds f64  64 sha256(bytes 0..63 + payload)[32]  96 payload
+//  56 compile seconds f64  64 runtime identity[32]  96 sha256(bytes 0..95 + payload)[32]
+// 128 payload
 constexpr char kMagic[8] = {'T', 'T', 'P', 'U', 'X', 'E', 'C', '\n'};
-constexpr size_t kHeaderSize = 96;
+constexpr size_t kHeaderSize = 128;
+constexpr size_t kSumAt = 96;
 constexpr char kEntrySuffix[] = ".entry";
 constexpr char kLockSuffix[] = ".lock";
 constexpr char kTempSuffix[] = ".tmp";
@@ -159,7 +161,10 @@ void DiskStore::ensure_root() const {
   }
 }
 
-std::string DiskStore::encode(const Digest& key, std::string_view payload, double compile_seconds) {
+uint64_t EntryHeader::file_size() const { return kHeaderSize + payload_size; }
+
+std::string DiskStore::encode(const Digest& key, std::string_view payload, double compile_seconds,
+                              const Digest& identity) {
   std::string out(kMagic, sizeof(kMagic));
   put_le(out, kFormatVersion, 4);
   put_le(out, kHeaderSize, 4);
@@ -168,14 +173,16 @@ std::string DiskStore::encode(const Digest& key, std::string_view payload, doubl
   uint64_t secs;
   std::memcpy(&secs, &compile_seconds, sizeof(secs));
   put_le(out, secs, 8);
+  out.append(reinterpret_cast<const char*>(identity.data()), identity.size());
   Digest sum = Sha256().update(out).update(payload).finish();
   out.append(reinterpret_cast<const char*>(sum.data()), sum.size());
   out.append(payload);
   return out;
 }
 
-std::optional<std::string> DiskStore::decode(const Digest& key, std::string_view file,
-                                             StoredEntry* out) {
+namespace {
+
+std::optional<std::string> check_header(std::string_view file) {
   if (file.size() < kHeaderSize)
     return "truncated header (" + std::to_string(file.size()) + " bytes)";
   if (file.substr(0, sizeof(kMagic)) != std::string_view(kMagic, sizeof(kMagic)))
@@ -184,17 +191,41 @@ std::optional<std::string> DiskStore::decode(const Digest& key, std::string_view
   if (version != kFormatVersion || get_le(file, 12, 4) != kHeaderSize)
     return "entry format " + std::to_string(version) + ", expected " +
            std::to_string(kFormatVersion);
+  return std::nullopt;
+}
+
+Digest digest_at(std::string_view file, size_t at) {
+  Digest d;
+  std::memcpy(d.data(), file.data() + at, d.size());
+  return d;
+}
+
+}  // namespace
+
+std::optional<EntryHeader> DiskStore::header(std::string_view file) {
+  if (check_header(file)) return std::nullopt;
+  EntryHeader h;
+  h.key = digest_at(file, 16);
+  h.identity = digest_at(file, 64);
+  h.payload_size = get_le(file, 48, 8);
+  return h;
+}
+
+std::optional<std::string> DiskStore::decode(const Digest& key, std::string_view file,
+                                             StoredEntry* out) {
+  if (auto why = check_header(file)) return why;
   if (file.substr(16, 32) != std::string_view(reinterpret_cast<const char*>(key.data()), 32))
     return std::string("foreign entry (the header holds another key)");
   uint64_t size = get_le(file, 48, 8);
   if (size != file.size() - kHeaderSize)
     return "truncated payload (" + std::to_string(file.size() - kHeaderSize) + " of " +
            std::to_string(size) + " bytes)";
-  Digest sum = Sha256().update(file.substr(0, 64)).update(file.substr(kHeaderSize)).finish();
-  if (file.substr(64, 32) != std::string_view(reinterpret_cast<const char*>(sum.data()), 32))
+  Digest sum = Sha256().update(file.substr(0, kSumAt)).update(file.substr(kHeaderSize)).finish();
+  if (file.substr(kSumAt, 32) != std::string_view(reinterpret_cast<const char*>(sum.data()), 32))
     return std::string("checksum mismatch (corrupted bytes)");
   uint64_t secs = get_le(file, 56, 8);
   std::memcpy(&out->compile_seconds, &secs, sizeof(secs));
+  out->identity = digest_at(file, 64);
   out->payload.assign(file.substr(kHeaderSize));
   return std::nullopt;
 }
@@ -229,7 +260,8 @@ ReadResult DiskStore::read(const Digest& key) const {
   return r;
 }
 
-void DiskStore::write(const Digest& key, std::string_view payload, double compile_seconds) const {
+void DiskStore::write(const Digest& key, std::string_view payload, double compile_seconds,
+                      const Digest& identity) const {
   fs::path path = entry_path(key);
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) return;  // Another process published it first.
@@ -242,7 +274,7 @@ void DiskStore::write(const Digest& key, std::string_view payload, double compil
                              errno_text(errno));
   }
   try {
-    write_all(fd.get(), encode(key, payload, compile_seconds), tmp);
+    write_all(fd.get(), encode(key, payload, compile_seconds, identity), tmp);
     if (::fsync(fd.get()) != 0) {
       throw std::runtime_error("compile cache: fsync of " + tmp.string() +
                                " failed: " + errno_text(errno));
@@ -258,6 +290,18 @@ void DiskStore::write(const Digest& key, std::string_view payload, double compil
 }
 
 bool DiskStore::remove(const Digest& key) const { return remove_if_unlocked(entry_path(key)); }
+
+std::vector<Digest> DiskStore::keys() const {
+  std::vector<Digest> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (!is_entry_name(name)) continue;
+    from_hex(std::string_view(name).substr(0, 64), &out.emplace_back());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 Usage DiskStore::usage() const {
   Usage u;

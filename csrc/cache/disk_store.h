@@ -8,17 +8,26 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cache/sha256.h"
 
 namespace torchtpu::cache {
 
 // Bumped whenever the entry layout or the key recipe changes.
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;
 
 struct StoredEntry {
   std::string payload;           // PJRT_Executable_Serialize bytes
   double compile_seconds = 0.0;  // what the original compile cost
+  Digest identity{};             // runtime_identity() of the compiling process
+};
+
+// The fixed header of an entry file, read without checking the payload.
+struct EntryHeader {
+  Digest key{}, identity{};
+  uint64_t payload_size = 0;
+  uint64_t file_size() const;  // header + payload
 };
 
 struct ReadResult {
@@ -61,7 +70,10 @@ class DiskStore {
   ReadResult read(const Digest& key) const;
   // Atomic publish; a no-op when the entry already exists. Throws
   // std::runtime_error naming the file and the errno text on I/O failure.
-  void write(const Digest& key, std::string_view payload, double compile_seconds) const;
+  // `identity` is recorded so that a pack built from the directory can tell
+  // which runtime each entry belongs to (zero: unknown, refused by packs).
+  void write(const Digest& key, std::string_view payload, double compile_seconds,
+             const Digest& identity = {}) const;
   // Removes the entry if it is still the file that was found corrupt.
   bool remove(const Digest& key) const;
   Usage usage() const;
@@ -75,7 +87,13 @@ class DiskStore {
   std::optional<KeyLock> lock_key(const Digest& key, double timeout_s) const;
 
   // The bytes of an entry file (header + payload); exposed for tests.
-  static std::string encode(const Digest& key, std::string_view payload, double compile_seconds);
+  static std::string encode(const Digest& key, std::string_view payload, double compile_seconds,
+                            const Digest& identity = {});
+  // The header of an entry file (magic, format and sizes checked, not the
+  // checksum); nullopt when it is not one.
+  static std::optional<EntryHeader> header(std::string_view file);
+  // Keys of the entry files in the directory.
+  std::vector<Digest> keys() const;
   // Checks an entry file's bytes; fills `out` or returns why they are bad.
   static std::optional<std::string> decode(const Digest& key, std::string_view file,
                                            StoredEntry* out);

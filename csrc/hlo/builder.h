@@ -50,7 +50,7 @@ class DTypeError : public BuildError {
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
 // stablehlo.fft kinds; the inverse ones (IFFT, IRFFT) divide by the length.
 enum class Fft { FFT, IFFT, RFFT, IRFFT };
-enum class Reducer { Add, Mul, Max, Min, And, Or };
+enum class Reducer { Add, Mul, Max, Min, And, Or, Xor };
 
 class Builder {
  public:

@@ -38,11 +38,12 @@ Shape drop_dims(const Shape& s, const std::vector<int64_t>& dims) {
 // ---------------------------------------------------------------- reductions
 
 std::string Builder::reducer_region(Reducer r, DType dt) {
-  static const char* kOps[] = {"add", "multiply", "maximum", "minimum", "and", "or"};
+  static const char* kOps[] = {"add", "multiply", "maximum", "minimum", "and", "or", "xor"};
   const char* opname = kOps[static_cast<int>(r)];
   if (dt == DType::Bool && r == Reducer::Add) opname = "or";  // bool sum saturates (any)
   if (dt == DType::Bool && r == Reducer::Mul) opname = "and";
-  if ((r == Reducer::And || r == Reducer::Or) && is_float(dt)) fail("reduce", "and/or on float");
+  if ((r == Reducer::And || r == Reducer::Or || r == Reducer::Xor) && is_float(dt))
+    fail("reduce", "and/or/xor on float");
   Type s{dt, {}};
   return region({s, s}, [&](const std::vector<Value>& a) {
     return std::vector<Value>{binary(opname, a[0], a[1])};

@@ -1,6 +1,7 @@
-// grid_sampler_2d and its backward (bilinear and nearest; zeros, border and
-// reflection padding): grid coordinates become source positions, taps are
-// gathered from each [H*W] plane and, backward, scattered back into it.
+// grid_sampler_2d/3d and their backward (bilinear/trilinear and nearest;
+// zeros, border and reflection padding): grid coordinates become source
+// positions, taps are gathered from each flattened plane and, backward,
+// scattered back into it.
 #include <string>
 #include <vector>
 
@@ -50,42 +51,54 @@ std::pair<Ex, Ex> source_coord(const Ex& g, int64_t size, int64_t padding, bool 
   return {x, d};
 }
 struct Taps {
-  std::vector<Ex> pos;       // flat position in the plane, I64 [N, P]
-  std::vector<Ex> weight;    // [N, P]
-  std::vector<Ex> dwx, dwy;  // weight derivatives by source x and y
-  std::vector<Ex> valid;     // in-bounds
+  std::vector<Ex> pos;              // flat position in the plane, I64 [N, P]
+  std::vector<Ex> weight;           // [N, P]
+  std::vector<std::vector<Ex>> dw;  // weight derivative by each source coordinate
+  std::vector<Ex> valid;            // in-bounds
 };
-Taps taps(const Ex& ix, const Ex& iy, int64_t h, int64_t w, int64_t mode) {
+// Taps of source coordinates `at` in grid order (x over the last spatial dim,
+// then y, then z) of a plane with those `sizes`: the nearest pixel, or the
+// 2^d corners of the (bi/tri)linear cell.
+Taps taps(const std::vector<Ex>& at, const std::vector<int64_t>& sizes, int64_t mode) {
+  const size_t nd = at.size();
   Taps t;
-  auto add = [&](const Ex& xi, const Ex& yi, const Ex& wt, const Ex& dx, const Ex& dy) {
-    Ex ok = xi.cmp(Cmp::GE, xi.k(0))
-                .bin("and", xi.cmp(Cmp::LE, xi.k(static_cast<double>(w - 1))))
-                .bin("and", yi.cmp(Cmp::GE, yi.k(0)))
-                .bin("and", yi.cmp(Cmp::LE, yi.k(static_cast<double>(h - 1))));
-    Ex cx = minimum(maximum(xi, xi.k(0)), xi.k(static_cast<double>(w - 1)));
-    Ex cy = minimum(maximum(yi, yi.k(0)), yi.k(static_cast<double>(h - 1)));
-    t.pos.push_back((cy * static_cast<double>(w) + cx).to(DType::I64));
-    t.weight.push_back(wt);
-    t.dwx.push_back(dx);
-    t.dwy.push_back(dy);
-    t.valid.push_back(ok);
-  };
-  if (mode == 1) {
-    Ex zero = ix.k(0);
-    add(ix.un("round_nearest_even"), iy.un("round_nearest_even"), ix.k(1), zero, zero);
-    return t;
+  std::vector<Ex> base, frac;
+  for (const Ex& a : at) {
+    base.push_back(mode == 1 ? a.un("round_nearest_even") : a.un("floor"));
+    frac.push_back(a - base.back());
   }
-  Ex x0 = ix.un("floor"), y0 = iy.un("floor");
-  Ex x1 = x0 + 1.0, y1 = y0 + 1.0;
-  Ex e = x1 - ix, wv = ix - x0, n = y1 - iy, s = iy - y0;  // distances to the sides
-  add(x0, y0, e * n, -n, -e);
-  add(x1, y0, wv * n, n, -wv);
-  add(x0, y1, e * s, -s, e);
-  add(x1, y1, wv * s, s, wv);
+  const size_t corners = mode == 1 ? 1 : size_t{1} << nd;
+  for (size_t corner = 0; corner < corners; ++corner) {
+    Ex pos = base[0].k(0), ok = base[0].cmp(Cmp::EQ, base[0]);
+    std::vector<Ex> w;  // per-dim weight: frac for the upper corner, 1 - frac below
+    double stride = 1;
+    for (size_t k = 0; k < nd; ++k) {
+      bool up = (corner >> k) & 1;
+      Ex i = up ? base[k] + 1.0 : base[k];
+      double hi = static_cast<double>(sizes[k] - 1);
+      ok = ok.bin("and", i.cmp(Cmp::GE, i.k(0))).bin("and", i.cmp(Cmp::LE, i.k(hi)));
+      pos = pos + minimum(maximum(i, i.k(0)), i.k(hi)) * stride;
+      stride *= static_cast<double>(sizes[k]);
+      w.push_back(mode == 1 ? frac[k].k(1) : up ? frac[k] : 1.0 - frac[k]);
+    }
+    Ex weight = w[0];
+    for (size_t k = 1; k < nd; ++k) weight = weight * w[k];
+    std::vector<Ex> dw;
+    for (size_t j = 0; j < nd; ++j) {
+      Ex d = frac[0].k(mode == 1 ? 0 : ((corner >> j) & 1) ? 1 : -1);
+      for (size_t k = 0; k < nd; ++k)
+        if (k != j) d = d * w[k];
+      dw.push_back(d);
+    }
+    t.pos.push_back(pos.to(DType::I64));
+    t.weight.push_back(weight);
+    t.dw.push_back(std::move(dw));
+    t.valid.push_back(ok);
+  }
   return t;
 }
 
-// Per-(n, c) planes [N, C, H*W] gathered at positions [N, P] -> [N, C, P].
+// Per-(n, c) planes [N, C, S] gathered at positions [N, P] -> [N, C, P].
 Ex gather_planes(Builder& b, const Ex& planes, const Ex& pos) {
   const Shape& s = planes.v.shape();
   int64_t p = pos.v.shape()[1];
@@ -94,89 +107,110 @@ Ex gather_planes(Builder& b, const Ex& planes, const Ex& pos) {
   return Ex(b, b.take_along(planes.v, idx, 2));
 }
 
+// Input [N, C, spatial...] as planes [N, C, S]; grid [N, out spatial..., d] as
+// source coordinates [N, P] per grid component, with their derivatives.
 struct Prepared {
-  Ex planes, ix, iy, dx, dy;
-  int64_t n, c, h, w, ho, wo;
+  Ex planes;
+  std::vector<Ex> at, dat;     // grid order
+  std::vector<int64_t> sizes;  // grid order
+  Shape grid_shape;
+  int64_t n, c, plane, np;
 };
 Prepared prepare(Ctx& c, int in_arg, int grid_arg, int pad_arg, int align_arg, DType t) {
   Builder& b = c.b;
   Value x = b.convert(c.in(in_arg), t), g = b.convert(c.in(grid_arg), t);
-  Prepared p{Ex(b, x),     Ex(b, x),     Ex(b, x),     Ex(b, x),     Ex(b, x),    x.shape()[0],
-             x.shape()[1], x.shape()[2], x.shape()[3], g.shape()[1], g.shape()[2]};
-  p.planes = Ex(b, b.reshape(x, {p.n, p.c, p.h * p.w}));
-  int64_t np = p.ho * p.wo;
-  Ex gx(b, b.reshape(b.slice(g, {0, 0, 0, 0}, {p.n, p.ho, p.wo, 1}, {}), {p.n, np}));
-  Ex gy(b, b.reshape(b.slice(g, {0, 0, 0, 1}, {p.n, p.ho, p.wo, 2}, {}), {p.n, np}));
-  auto [ix, dx] = source_coord(gx, p.w, c.i64(pad_arg), c.flag(align_arg));
-  auto [iy, dy] = source_coord(gy, p.h, c.i64(pad_arg), c.flag(align_arg));
-  p.ix = ix;
-  p.iy = iy;
-  p.dx = dx;
-  p.dy = dy;
+  const Shape &xs = x.shape(), &gs = g.shape();
+  const int64_t nd = x.rank() - 2;
+  Prepared p{Ex(b, x), {}, {}, {}, gs, xs[0], xs[1], 1, 1};
+  for (int64_t k = 0; k < nd; ++k) {
+    p.plane *= xs[2 + k];
+    p.np *= gs[1 + k];
+    p.sizes.push_back(xs[x.rank() - 1 - k]);
+  }
+  p.planes = Ex(b, b.reshape(x, {p.n, p.c, p.plane}));
+  for (int64_t k = 0; k < nd; ++k) {
+    Shape lo(gs.size(), 0), hi = gs;
+    lo.back() = k;
+    hi.back() = k + 1;
+    Ex gk(b, b.reshape(b.slice(g, lo, hi, {}), {p.n, p.np}));
+    auto [at, d] = source_coord(gk, p.sizes[k], c.i64(pad_arg), c.flag(align_arg));
+    p.at.push_back(at);
+    p.dat.push_back(d);
+  }
   return p;
 }
 Ex bc(Builder& b, const Ex& v, int64_t n, int64_t ch, int64_t np) {  // [N, P] -> [N, C, P]
   return Ex(b, b.broadcast_in_dim(v.v, {n, ch, np}, {0, 2}));
 }
 
-TPU_LOWERING(grid_sample) {
-  // (input, grid, interpolation_mode, padding_mode, align_corners)
-  reg("grid_sampler_2d", [](Ctx& c) -> V {
+// (input, grid, interpolation_mode, padding_mode, align_corners)
+Rule sampler(const char* name) {
+  return [name](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_dtype(c.out(0).dtype);
     int64_t mode = c.i64(2);
-    if (mode == 2) throw hlo::BuildError("[lower] grid_sampler_2d: bicubic is not supported yet");
+    if (mode == 2)
+      throw hlo::BuildError(std::string("[lower] ") + name + ": bicubic is not supported yet");
     if (c.out(0).numel() == 0 || c.in(0).type.numel() == 0) return {b.splat(0, c.out(0))};
     Prepared p = prepare(c, 0, 1, 3, 4, t);
-    int64_t np = p.ho * p.wo;
-    Taps tp = taps(p.ix, p.iy, p.h, p.w, mode);
-    Ex out(b, b.splat(0, Type{t, {p.n, p.c, np}}));
+    Taps tp = taps(p.at, p.sizes, mode);
+    Ex out(b, b.splat(0, Type{t, {p.n, p.c, p.np}}));
     for (size_t k = 0; k < tp.pos.size(); ++k) {
       Ex v = gather_planes(b, p.planes, tp.pos[k]);
       Ex wk = where(tp.valid[k], tp.weight[k], tp.weight[k].k(0));
-      out = out + v * bc(b, wk, p.n, p.c, np);
+      out = out + v * bc(b, wk, p.n, p.c, p.np);
     }
     return {b.reshape(out.v, c.out(0).shape)};
-  });
-  // (grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-  //  output_mask) -> (grad_input, grad_grid)
-  reg("grid_sampler_2d_backward", [](Ctx& c) -> V {
+  };
+}
+
+// (grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+//  output_mask) -> (grad_input, grad_grid)
+Rule sampler_backward(const char* name) {
+  return [name](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_dtype(c.out(0).dtype);
     int64_t mode = c.i64(3);
     if (mode == 2)
-      throw hlo::BuildError("[lower] grid_sampler_2d_backward: bicubic is not supported yet");
+      throw hlo::BuildError(std::string("[lower] ") + name + ": bicubic is not supported yet");
     if (c.in(0).type.numel() == 0 || c.in(1).type.numel() == 0)
       return {b.splat(0, c.out(0)), b.splat(0, c.out(1))};
     Prepared p = prepare(c, 1, 2, 4, 5, t);
-    int64_t np = p.ho * p.wo;
-    Ex g(b, b.reshape(b.convert(c.in(0), t), {p.n, p.c, np}));
-    Taps tp = taps(p.ix, p.iy, p.h, p.w, mode);
-    Ex gin(b, b.splat(0, Type{t, {p.n * p.c * p.h * p.w}}));
-    Ex gsx(b, b.splat(0, Type{t, {p.n, np}})), gsy = gsx;
-    Type plane_t{DType::I64, {p.n, p.c, np}};
+    const size_t nd = p.at.size();
+    Ex g(b, b.reshape(b.convert(c.in(0), t), {p.n, p.c, p.np}));
+    Taps tp = taps(p.at, p.sizes, mode);
+    Ex gin(b, b.splat(0, Type{t, {p.n * p.c * p.plane}}));
+    std::vector<Ex> gs(nd, Ex(b, b.splat(0, Type{t, {p.n, p.np}})));
+    Type plane_t{DType::I64, {p.n, p.c, p.np}};
     Ex base = (Ex(b, b.iota(plane_t, 0)) * static_cast<double>(p.c) + Ex(b, b.iota(plane_t, 1))) *
-              static_cast<double>(p.h * p.w);
+              static_cast<double>(p.plane);
+    const int64_t flat = p.n * p.c * p.np;
     for (size_t k = 0; k < tp.pos.size(); ++k) {
       Ex ok = tp.valid[k];
       Ex wk = where(ok, tp.weight[k], tp.weight[k].k(0));
-      Ex contrib = g * bc(b, wk, p.n, p.c, np);
-      Ex pos = base + bc(b, tp.pos[k], p.n, p.c, np);
-      gin = Ex(b, b.scatter_flat(gin.v, b.reshape(pos.v, {p.n * p.c * np}),
-                                 b.reshape(contrib.v, {p.n * p.c * np}), true));
+      Ex contrib = g * bc(b, wk, p.n, p.c, p.np);
+      Ex pos = base + bc(b, tp.pos[k], p.n, p.c, p.np);
+      gin = Ex(b,
+               b.scatter_flat(gin.v, b.reshape(pos.v, {flat}), b.reshape(contrib.v, {flat}), true));
       if (mode == 0) {
         Ex v = gather_planes(b, p.planes, tp.pos[k]);
         Ex gv(b, reduce_sum(b, (g * v).v, {1}, false));  // [N, P]
-        gsx = gsx + where(ok, gv * tp.dwx[k], gv.k(0));
-        gsy = gsy + where(ok, gv * tp.dwy[k], gv.k(0));
+        for (size_t j = 0; j < nd; ++j) gs[j] = gs[j] + where(ok, gv * tp.dw[k][j], gv.k(0));
       }
     }
-    gsx = gsx * p.dx;
-    gsy = gsy * p.dy;
-    Value gg = b.concatenate(
-        {b.reshape(gsx.v, {p.n, p.ho, p.wo, 1}), b.reshape(gsy.v, {p.n, p.ho, p.wo, 1})}, 3);
-    return {b.reshape(gin.v, c.out(0).shape), gg};
-  });
+    Shape one = p.grid_shape;
+    one.back() = 1;
+    std::vector<Value> parts;
+    for (size_t j = 0; j < nd; ++j) parts.push_back(b.reshape((gs[j] * p.dat[j]).v, one));
+    return {b.reshape(gin.v, c.out(0).shape), b.concatenate(parts, one.size() - 1)};
+  };
+}
+
+TPU_LOWERING(grid_sample) {
+  reg("grid_sampler_2d", sampler("grid_sampler_2d"));
+  reg("grid_sampler_3d", sampler("grid_sampler_3d"));
+  reg("grid_sampler_2d_backward", sampler_backward("grid_sampler_2d_backward"));
+  reg("grid_sampler_3d_backward", sampler_backward("grid_sampler_3d_backward"));
 }
 
 }  // namespace

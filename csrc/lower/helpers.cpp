@@ -87,7 +87,8 @@ Value reduce_init(Builder& b, hlo::Reducer r, DType dtype) {
     case R::Add: return b.constant(0, dtype);
     case R::Mul: return b.constant(1, dtype);
     case R::And: return b.constant(1, dtype);
-    case R::Or: return b.constant(0, dtype);
+    case R::Or:
+    case R::Xor: return b.constant(0, dtype);
     case R::Max:
       if (is_float(dtype)) return b.constant(-INFINITY, dtype);
       if (dtype == DType::Bool) return b.constant(0, dtype);

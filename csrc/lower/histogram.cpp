@@ -1,7 +1,9 @@
 // Histograms: histc (equal-width bins over a range) and histogram (given or
 // computed bin edges, optional weights and density), with the edges it used.
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lower/helpers.h"
@@ -14,27 +16,93 @@ using hlo::Cmp;
 using hlo::Reducer;
 using V = std::vector<Value>;
 
-// torch.histogram over flat x with bin edges [nb + 1] (the last bin closed on
-// the right): optional per-element weights, optionally as a density.
-Ex histogram_counts(Builder& b, const Ex& x, const Ex& edges, const Ex* weight, bool density) {
+// Bins of flat x among `edges` [nb + 1] (the last bin closed on the right),
+// as a binary search would place them, and whether x counts (inside, not NaN).
+std::pair<Ex, Ex> bin_of(Builder& b, const Ex& x, const Ex& edges) {
   int64_t n = x.v.shape()[0], nb = edges.v.shape()[0] - 1;
-  DType t = x.v.dtype();
   Ex e0(b, b.reshape(b.slice(edges.v, {0}, {1}, {}), {})),
       el(b, b.reshape(b.slice(edges.v, {nb}, {nb + 1}, {}), {}));
   Ex below(b, b.broadcast_in_dim(edges.v, {n, nb + 1}, {1}));
   Ex xb(b, b.broadcast_in_dim(x.v, {n, nb + 1}, {0}));
   Ex cnt(b, reduce_sum(b, below.cmp(Cmp::LE, xb).to(DType::I64).v, {1}, false));
-  Ex pos = cnt - 1.0;
-  pos = where(x.cmp(Cmp::EQ, el), pos.k(static_cast<double>(nb - 1)), pos);
-  Ex inside = x.cmp(Cmp::GE, e0).bin("and", x.cmp(Cmp::LE, el));
-  Ex idx = where(inside, pos, pos.k(static_cast<double>(nb)));
+  Ex pos = where(x.cmp(Cmp::EQ, el), cnt.k(static_cast<double>(nb - 1)), cnt - 1.0);
+  return {pos, x.cmp(Cmp::GE, e0).bin("and", x.cmp(Cmp::LE, el))};
+}
+
+// torch.histogramdd over columns xs[d] (each [n]) with edges[d]: optional
+// per-element weights, optionally as a density (divided by the total, then by
+// each dim's bin widths, in the CPU's order). Shape: the bin counts.
+Ex histogram_counts(Builder& b, const std::vector<Ex>& xs, const std::vector<Ex>& edges,
+                    const Ex* weight, bool density) {
+  int64_t n = xs[0].v.shape()[0], total_bins = 1;
+  DType t = xs[0].v.dtype();
+  Shape bins;
+  for (const Ex& e : edges) bins.push_back(e.v.shape()[0] - 1);
+  for (int64_t nb : bins) total_bins *= nb;
+  Ex flat(b, b.splat(0, Type{DType::I64, {n}}));
+  Ex inside(b, b.splat(1, Type{DType::Bool, {n}}));
+  for (size_t d = 0; d < xs.size(); ++d) {
+    auto [pos, in] = bin_of(b, xs[d], edges[d]);
+    flat = flat * static_cast<double>(bins[d]) + pos;
+    inside = inside.bin("and", in);
+  }
+  Ex idx = where(inside, flat, flat.k(static_cast<double>(total_bins)));
   Value w = weight ? weight->v : b.splat(1, Type{t, {n}});
-  Ex h(b, b.scatter_flat(b.splat(0, Type{t, {nb}}), idx.v, w, true));
+  Ex h(b, b.reshape(b.scatter_flat(b.splat(0, Type{t, {total_bins}}), idx.v, w, true), bins));
   if (!density) return h;
-  Ex widths(b, b.slice(edges.v, {1}, {nb + 1}, {}));
-  widths = widths - Ex(b, b.slice(edges.v, {0}, {nb}, {}));
-  Ex total(b, b.reduce(h.v, b.constant(0, t), {0}, Reducer::Add));
-  return h / (total * widths);
+  Ex total(b, reduce_sum(b, h.v, reduce_dims({}, h.v.rank()), false));
+  h = h / Ex(b, b.broadcast_in_dim(total.v, bins, {}));
+  for (size_t d = 0; d < edges.size(); ++d) {
+    int64_t nb = bins[d];
+    Ex widths(b, b.slice(edges[d].v, {1}, {nb + 1}, {}));
+    widths = widths - Ex(b, b.slice(edges[d].v, {0}, {nb}, {}));
+    h = h / Ex(b, b.broadcast_in_dim(widths.v, bins, {static_cast<int64_t>(d)}));
+  }
+  return h;
+}
+
+// Edges linspace(lo, hi, nb + 1) of flat x as torch computes them: lo and hi
+// from `range` (entries 2d, 2d + 1) or the data's min and max, widened by 0.5
+// when equal; the linspace from both ends.
+Ex linear_edges(Ctx& c, int range_arg, size_t d, const Ex& x, int64_t nb) {
+  Builder& b = c.b;
+  DType t = x.v.dtype();
+  Ex lo(b, b.constant(0, t)), hi = lo;
+  if (!c.is_none(range_arg)) {
+    auto r = c.arg(range_arg).toDoubleVector();
+    lo = Ex(b, b.constant(r[2 * d], t));
+    hi = Ex(b, b.constant(r[2 * d + 1], t));
+  } else if (x.v.shape()[0] > 0) {
+    lo = Ex(b, b.reduce(x.v, b.constant(INFINITY, t), {0}, Reducer::Min));
+    hi = Ex(b, b.reduce(x.v, b.constant(-INFINITY, t), {0}, Reducer::Max));
+  } else {
+    hi = Ex(b, b.constant(1, t));  // an empty input's bins span [0, 1]
+  }
+  Ex same = lo.cmp(Cmp::EQ, hi);
+  lo = where(same, lo - 0.5, lo);
+  hi = where(same, hi + 0.5, hi);
+  Ex i(b, b.iota(Type{t, {nb + 1}}, 0));
+  Ex step = (hi - lo) / static_cast<double>(nb);
+  Ex half = i.cmp(Cmp::LT, i.k(static_cast<double>((nb + 1) / 2)));
+  return where(half, lo + step * i, hi - step * (static_cast<double>(nb) - i));
+}
+
+// histogramdd's input [..., D] as D flat columns in dtype t.
+std::vector<Ex> columns(Ctx& c, DType t) {
+  Builder& b = c.b;
+  Value x = b.convert(c.in(0), t);
+  int64_t dims = x.shape().back(), n = x.type.numel() / std::max<int64_t>(dims, 1);
+  x = b.reshape(x, {n, dims});
+  std::vector<Ex> cols;
+  for (int64_t d = 0; d < dims; ++d)
+    cols.emplace_back(b, b.reshape(b.slice(x, {0, d}, {n, d + 1}, {}), {n}));
+  return cols;
+}
+
+Ex* weights(Ctx& c, int arg, int64_t n, DType t, Ex& storage) {
+  if (c.is_none(arg)) return nullptr;
+  storage = Ex(c.b, c.b.reshape(c.b.convert(c.in(arg), t), {n}));
+  return &storage;
 }
 
 TPU_LOWERING(histogram) {
@@ -75,36 +143,37 @@ TPU_LOWERING(histogram) {
       Builder& b = c.b;
       DType t = math_dtype(c);
       Ex x(b, b.reshape(b.convert(c.in(0), t), {c.in(0).type.numel()}));
-      int w_arg = given ? 2 : 3, d_arg = given ? 3 : 4;
-      Ex edges = x;
+      Ex edges = given ? Ex(b, b.reshape(b.convert(c.in(1), t), {c.in(1).type.numel()}))
+                       : linear_edges(c, 2, 0, x, c.i64(1));
+      Ex storage = x;
+      Ex* w = weights(c, given ? 2 : 3, x.v.shape()[0], t, storage);
+      return {histogram_counts(b, {x}, {edges}, w, c.flag(given ? 3 : 4)).v, edges.v};
+    });
+  }
+  // histogramdd over an input [..., D]: _histogramdd_bin_edges(self, bins, *, range?,
+  // weight?, density) -> Tensor[]; _histogramdd_from_bin_cts(same) and
+  // _histogramdd_from_bin_tensors(self, Tensor[] bins, *, weight?, density) -> hist.
+  reg("_histogramdd_bin_edges", [](Ctx& c) -> V {
+    std::vector<Ex> cols = columns(c, c.out(0).dtype);
+    V out;
+    for (size_t d = 0; d < cols.size(); ++d)
+      out.push_back(linear_edges(c, 2, d, cols[d], c.ints(1)[d]).v);
+    return out;
+  });
+  for (const char* name : {"_histogramdd_from_bin_cts", "_histogramdd_from_bin_tensors"}) {
+    bool given = std::string(name) == "_histogramdd_from_bin_tensors";
+    reg(name, [given](Ctx& c) -> V {
+      DType t = c.out(0).dtype;
+      std::vector<Ex> cols = columns(c, t), edges;
       if (given) {
-        edges = Ex(b, b.reshape(b.convert(c.in(1), t), {c.in(1).type.numel()}));
+        for (Value e : c.list(1)) edges.emplace_back(c.b, c.b.convert(e, t));
       } else {
-        int64_t nb = c.i64(1);
-        Ex lo(b, b.constant(0, t)), hi = lo;
-        if (!c.is_none(2)) {
-          auto r = c.arg(2).toDoubleVector();
-          lo = Ex(b, b.constant(r[0], t));
-          hi = Ex(b, b.constant(r[1], t));
-        } else if (x.v.shape()[0] > 0) {
-          lo = Ex(b, b.reduce(x.v, b.constant(INFINITY, t), {0}, Reducer::Min));
-          hi = Ex(b, b.reduce(x.v, b.constant(-INFINITY, t), {0}, Reducer::Max));
-        } else {
-          hi = Ex(b, b.constant(1, t));  // an empty input's bins span [0, 1]
-        }
-        Ex same = lo.cmp(Cmp::EQ, hi);
-        lo = where(same, lo - 0.5, lo);
-        hi = where(same, hi + 0.5, hi);
-        // linspace(lo, hi, nb + 1) as torch computes it (from both ends).
-        Ex i(b, b.iota(Type{t, {nb + 1}}, 0));
-        Ex step = (hi - lo) / static_cast<double>(nb);
-        Ex half = i.cmp(Cmp::LT, i.k(static_cast<double>((nb + 1) / 2)));
-        edges = where(half, lo + step * i, hi - step * (static_cast<double>(nb) - i));
+        for (size_t d = 0; d < cols.size(); ++d)
+          edges.push_back(linear_edges(c, 2, d, cols[d], c.ints(1)[d]));
       }
-      Ex wv = x;
-      bool has_w = !c.is_none(w_arg);
-      if (has_w) wv = Ex(b, b.reshape(b.convert(c.in(w_arg), t), {x.v.shape()[0]}));
-      return {histogram_counts(b, x, edges, has_w ? &wv : nullptr, c.flag(d_arg)), edges};
+      Ex storage = cols[0];
+      Ex* w = weights(c, given ? 2 : 3, cols[0].v.shape()[0], t, storage);
+      return {histogram_counts(c.b, cols, edges, w, c.flag(given ? 3 : 4)).v};
     });
   }
 }

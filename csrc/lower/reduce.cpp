@@ -386,6 +386,19 @@ TPU_LOWERING(reduce_stats) {
     Ex factor = where(norm.cmp(Cmp::GT, maxnorm), maxnorm / (norm + 1e-7), norm.k(1));
     return {x * factor};
   });
+  // hash_tensor(self, dim, keepdim, mode=0): XOR of the elements' bits, read
+  // as uint64 after floats widen to float64 and integers to int64 (as the CPU).
+  reg("hash_tensor", [](Ctx& c) -> V {
+    if (c.i64(3) != 0)
+      throw hlo::BuildError("[lower] hash_tensor: mode " + std::to_string(c.i64(3)) +
+                            " is not defined (0: xor_sum)");
+    Builder& b = c.b;
+    Value x = c.in(0);
+    if (is_complex(x.dtype())) throw hlo::DTypeError("[lower] hash_tensor: complex input");
+    x = b.convert(x, is_float(x.dtype()) ? DType::F64 : DType::I64);
+    Ex bits(b, b.bitcast_convert(x, DType::U64));
+    return {reduce(bits, dims_arg(c, 1, bits.v.rank()), Reducer::Xor, c.flag(2))};
+  });
   // embedding_renorm_(weight, indices, max_norm, norm_type): the rows indices
   // name whose norm is above max_norm are scaled down to it. Repeated indices
   // write the same row twice.

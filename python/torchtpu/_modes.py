@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Self
 
 from . import _C
+from ._logging import log
 
 _MODES = ("strict", "debug", "fused")
 
@@ -26,6 +27,7 @@ class eager_mode:
         self._global_prev = _C.get_global_mode()
         _C.set_mode(mode)
         self._entered = False
+        log.debug("eager_mode(%r): the global mode until a `with` makes it thread-local", mode)
 
     def __enter__(self) -> Self:
         # Undo the global change made by the constructor: a `with` is thread-local.
@@ -34,7 +36,9 @@ class eager_mode:
         # see it too.
         _C.push_thread_mode(self.mode)
         self._entered = True
+        log.debug("eager mode %s entered on this thread", self.mode)
         return self
 
     def __exit__(self, *exc: object) -> None:
         _C.pop_thread_mode()
+        log.debug("eager mode %s left; now %s", self.mode, _C.get_mode())

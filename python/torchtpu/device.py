@@ -54,6 +54,9 @@ def current_device() -> int:
 
 
 def set_device(device: _DeviceLike) -> None:
+    # Initializes like torch.cuda.set_device: DeviceMesh (and other callers) take
+    # is_initialized() as "the user picked a device" and otherwise reset it to LOCAL_RANK.
+    init()
     _C.set_device(_index(device))
 
 
@@ -81,10 +84,21 @@ def get_device_name(device: _DeviceLike = None) -> str:
 
 
 def get_device_properties(device: _DeviceLike = None) -> Any:
+    """Name, platform and memory of a device. ``total_memory`` is what the allocator
+    hands out on it: ``TORCHTPU_MEMORY_LIMIT`` when set, else the host's physical
+    memory (the XLA:CPU plugin allocates there; the PJRT layer does not report device
+    memory). No compute-unit count is given: XLA:CPU has no such fixed number."""
     from types import SimpleNamespace
 
-    # The allocator's limit: what tensors on this device can actually use.
-    return SimpleNamespace(name=get_device_name(device), total_memory=_C.memory_limit())
+    p = _C.platform()
+    return SimpleNamespace(
+        name=get_device_name(device),
+        type="tpu",
+        index=_index(device),
+        platform=p["name"],
+        platform_version=p["version"],
+        total_memory=_C.memory_limit(),
+    )
 
 
 # ---- RNG (one Philox state per device: 16 bytes [seed | offset])
@@ -144,23 +158,52 @@ def is_bf16_supported() -> bool:
 # ---- memory
 
 
+# Every tpu storage is one allocation, freed with the storage: nothing is cached, so
+# reserved bytes equal allocated bytes.
+
+
 def memory_allocated(device: _DeviceLike = None) -> int:
-    return _C.memory_allocated()
+    """Bytes held by live tpu storages on the device."""
+    return _C.memory_allocated(_index(device))
 
 
 def max_memory_allocated(device: _DeviceLike = None) -> int:
-    return _C.max_memory_allocated()
+    """The peak of ``memory_allocated`` since start or ``reset_peak_memory_stats``."""
+    return _C.max_memory_allocated(_index(device))
+
+
+def memory_reserved(device: _DeviceLike = None) -> int:
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device: _DeviceLike = None) -> int:
+    return max_memory_allocated(device)
 
 
 def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
-    _C.reset_peak_memory_stats()
+    _C.reset_peak_memory_stats(_index(device))
+
+
+def reset_accumulated_memory_stats(device: _DeviceLike = None) -> None:
+    _C.reset_accumulated_memory_stats(_index(device))
+
+
+def reset_max_memory_allocated(device: _DeviceLike = None) -> None:
+    reset_peak_memory_stats(device)
 
 
 def memory_stats(device: _DeviceLike = None) -> dict:
-    return {
-        "allocated_bytes.all.current": memory_allocated(),
-        "allocated_bytes.all.peak": max_memory_allocated(),
-    }
+    """``torch.cuda.memory_stats`` keys for what is tracked: ``{allocation, segment,
+    active, allocated_bytes, reserved_bytes, active_bytes, requested_bytes}.all.{current,
+    peak, allocated, freed}``, ``num_ooms``, ``num_alloc_retries`` (always 0: nothing
+    to retry), ``num_device_alloc`` and ``num_device_free``."""
+    return dict(sorted(_C.memory_stats(_index(device)).items()))
+
+
+def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
+    """(free, total) bytes of the device's allocator limit."""
+    total = _C.memory_limit()
+    return max(0, total - memory_allocated(device)), total
 
 
 def empty_cache() -> None:

@@ -46,6 +46,8 @@ def _fix_default_backend(helper):
     def wrapped(*args, **kwargs):
         out = helper(*args, **kwargs)
         pg = out[0] if isinstance(out, tuple) else out
+        if not isinstance(pg, dist.ProcessGroup):  # this rank is not in the new group
+            return out
         try:
             pg._get_backend(dist.distributed_c10d.torch.device("tpu"))
         except RuntimeError:

@@ -16,29 +16,15 @@
 #include "cache/compile_cache.h"
 #include "cache/disk_store.h"
 #include "cache/sha256.h"
+#include "cache_fixtures.h"
 
 namespace torchtpu::cache {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace fixtures;
 using pjrt::ClientPtr;
 using pjrt::ExecutablePtr;
-
-ClientPtr cpu_client() {
-  static ClientPtr client = [] {
-    std::string path =
-        std::string(TORCHTPU_SITE_PACKAGES) + "/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so";
-    return pjrt::Client::create(pjrt::Plugin::load(path), {{"cpu_device_count", int64_t{1}}});
-  }();
-  return client;
-}
-
-// A distinct valid program per `n`: out = a + b over tensor<nxf32>.
-std::string add_program(int n) {
-  std::string t = "tensor<" + std::to_string(n) + "xf32>";
-  return "module {\n  func.func public @main(%a: " + t + ", %b: " + t + ") -> " + t +
-         " {\n    %0 = stablehlo.add %a, %b : " + t + "\n    return %0 : " + t + "\n  }\n}\n";
-}
 
 // Runs add_program(2) and checks {1,2} + {1,2}.
 void expect_adds(pjrt::Executable& exe) {
@@ -52,42 +38,11 @@ void expect_adds(pjrt::Executable& exe) {
 }
 
 // A fresh directory under /tmp, removed with the test.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> n{0};
-    path_ = fs::temp_directory_path() /
-            ("torchtpu_cache_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  std::string str() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
-
 Config local_config(const TempDir& dir) {
   Config c;
   c.local_dir = dir.str();
   c.lock_timeout_s = 5;
   return c;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_file(const fs::path& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f << bytes;
 }
 
 void set_mtime(const fs::path& p, int seconds_ago) {

@@ -1,8 +1,10 @@
 """The persistent compile cache across processes: concurrent writers, a second wave
-that compiles nothing, damaged entries, both eager modes, and the command line."""
+that compiles nothing, damaged entries, both eager modes, the command line, and kernel
+packs (a cold process compiles nothing; damaged and foreign packs are refused)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -55,9 +57,11 @@ def run_python(args: list[str], env: dict, timeout: int) -> subprocess.Completed
     )
 
 
-def start(cache_dir: Path, mode: str = "strict", code: str = PROGRAM) -> subprocess.Popen:
+def start(
+    cache_dir: Path, mode: str = "strict", code: str = PROGRAM, **extra: str
+) -> subprocess.Popen:
     """Starts PROGRAM in a fresh interpreter using `cache_dir` (no other backend env)."""
-    env = clean_env(cache_dir, TORCHTPU_EAGER=mode)
+    env = clean_env(cache_dir, TORCHTPU_EAGER=mode, **extra)
     return subprocess.Popen(
         [sys.executable, "-c", code],
         env=env,
@@ -67,15 +71,20 @@ def start(cache_dir: Path, mode: str = "strict", code: str = PROGRAM) -> subproc
     )
 
 
-def finish(proc: subprocess.Popen) -> dict:
-    """Waits for a PROGRAM run, checks its results and returns its cache stats."""
+def finish(proc: subprocess.Popen, warning: str | None = None) -> dict:
+    """Waits for a PROGRAM run, checks its results and returns its cache stats. Its
+    stderr has no cache warning, or exactly one `[tpu cache]` line containing `warning`."""
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
     result = json.loads(out.strip().splitlines()[-1])
     want = expected()
     for name in ("y", "z"):
         torch.testing.assert_close(torch.tensor(result[name]), torch.tensor(want[name]))
-    assert "[tpu cache]" not in err, err
+    warned = [line for line in err.splitlines() if "[tpu cache]" in line]
+    if warning is None:
+        assert not warned, err
+    else:
+        assert len(warned) == 1 and warning in warned[0], err
     return result["stats"]
 
 
@@ -189,3 +198,85 @@ def test_programs_of_many_shapes_are_released(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["stats"]["unloaded"] >= 100
     assert result["growth"] < 40, result  # unbounded: about 9 mappings per shape
+
+
+def cli_ok(env: dict, *args: str) -> str:
+    proc = run_python(["-m", "torchtpu.cache", *args], env, 180)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def run_pack(warm_dir, tmp_path_factory) -> tuple[Path, int]:
+    """A pack of the programs one PROGRAM run used (`pack --run`), built over a copy of
+    the warm directory, so the run itself loads everything. Returns it and its size."""
+    root = tmp_path_factory.mktemp("packs")
+    cache = copy_dir(warm_dir[0], root)
+    script = root / "program.py"
+    script.write_text(PROGRAM)
+    pack = root / "run.pack"
+    out = cli_ok(clean_env(cache), "pack", str(pack), "--run", str(script))
+    n = len(entries(warm_dir[0]))
+    assert f"{n} programs" in out, out
+    assert len(entries(cache)) == n  # nothing new was compiled for the pack
+    return pack, n
+
+
+def test_pack_round_trip(run_pack, tmp_path: Path) -> None:
+    pack, n = run_pack
+    stats = finish(start(tmp_path / "empty", TORCHTPU_CACHE_PACKS=str(pack)))
+    assert stats["misses"] == 0, stats
+    assert stats["pack_hits"] == n == stats["pack_entries"], stats
+    assert stats["pack_refused"] == stats["errors"] == 0, stats
+    assert entries(tmp_path / "empty") == []  # pack hits are not copied to disk
+    out = cli_ok(clean_env(tmp_path), "inspect", str(pack))
+    assert f"{n} programs" in out and "(this runtime)" in out and "another" not in out, out
+
+
+def test_corrupted_pack_is_refused(run_pack, tmp_path: Path) -> None:
+    pack, n = run_pack
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    bad = tmp_path / "bad.pack"
+    bad.write_bytes(bytes(data))
+    stats = finish(
+        start(tmp_path / "empty", TORCHTPU_CACHE_PACKS=str(bad)),
+        warning=f"refused kernel pack {bad}",
+    )
+    assert stats["misses"] == n, stats
+    assert stats["pack_hits"] == stats["pack_entries"] == 0, stats
+    assert stats["errors"] == 1, stats
+    proc = run_python(["-m", "torchtpu.cache", "inspect", str(bad)], clean_env(tmp_path), 120)
+    assert proc.returncode == 1 and "checksum mismatch" in proc.stderr, proc.stderr
+
+
+def rewrite_identities(src: Path, dst: Path, which: set[int]) -> None:
+    """Copies a pack, claiming entries `which` for another runtime with valid checksums
+    (layout: docs/ARCHITECTURE.md, "Compile cache")."""
+    data = bytearray(src.read_bytes())
+    count, at = int.from_bytes(data[16:24], "little"), 24
+    for i in range(count):
+        size = int.from_bytes(data[at + 48 : at + 56], "little")
+        if i in which:
+            data[at + 64 : at + 96] = hashlib.sha256(b"another plugin").digest()
+            body = bytes(data[at : at + 96] + data[at + 128 : at + 128 + size])
+            data[at + 96 : at + 128] = hashlib.sha256(body).digest()
+        at += 128 + size
+    data[-32:] = hashlib.sha256(data[:-32]).digest()
+    dst.write_bytes(bytes(data))
+
+
+def test_foreign_pack_entries_are_refused(run_pack, tmp_path: Path) -> None:
+    pack, n = run_pack
+    foreign = tmp_path / "foreign.pack"
+    rewrite_identities(pack, foreign, {0, 2})
+    stats = finish(
+        start(tmp_path / "empty", TORCHTPU_CACHE_PACKS=f"{foreign}"),
+        warning=f"refused 2 of {n} entries",
+    )
+    assert stats["pack_refused"] == 2, stats
+    assert stats["misses"] == 2 and stats["pack_hits"] == n - 2, stats
+    assert stats["errors"] == 0, stats
+    out = cli_ok(clean_env(tmp_path), "inspect", str(foreign))
+    assert f"{n - 2} programs" in out and "2 programs" in out, out
+    assert "(another runtime: refused here)" in out, out

@@ -77,6 +77,106 @@ def test_memory_allocated_tracks_tensors():
     assert torch.tpu.memory_allocated() <= before + 64
 
 
+MIB = 1 << 20
+
+
+def test_memory_numbers_follow_allocations():
+    torch.tpu.synchronize()
+    stats0 = torch.tpu.memory_stats()
+    before = torch.tpu.memory_allocated()
+    x = torch.empty(MIB, dtype=torch.uint8, device="tpu")
+    assert torch.tpu.memory_allocated() == before + MIB
+    assert torch.tpu.max_memory_allocated() >= before + MIB
+    assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated()
+    stats = torch.tpu.memory_stats()
+    assert stats["allocated_bytes.all.current"] == before + MIB
+    assert stats["allocation.all.current"] == stats0["allocation.all.current"] + 1
+    assert stats["num_device_alloc"] == stats0["num_device_alloc"] + 1
+    assert stats["num_alloc_retries"] == 0 and stats["num_ooms"] == 0
+    x.resize_(2 * MIB)  # a storage resize is accounted too
+    assert torch.tpu.memory_allocated() == before + 2 * MIB
+    del x
+    assert torch.tpu.memory_allocated() == before
+    assert torch.tpu.max_memory_allocated() >= before + 2 * MIB  # the peak stays
+    stats = torch.tpu.memory_stats()
+    assert stats["num_device_free"] == stats0["num_device_free"] + 1
+    assert stats["allocated_bytes.all.freed"] >= stats0["allocated_bytes.all.freed"] + 2 * MIB
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated() == before
+    torch.tpu.reset_accumulated_memory_stats()
+    assert torch.tpu.memory_stats()["allocated_bytes.all.allocated"] == 0
+    torch.tpu.empty_cache()  # nothing is cached: a no-op that must not fail
+    assert torch.tpu.memory_allocated() == before
+
+
+def test_device_properties():
+    p = torch.tpu.get_device_properties(0)
+    assert p.name == torch.tpu.get_device_name() and p.type == "tpu" and p.index == 0
+    assert p.platform == "cpu" and isinstance(p.platform_version, str)
+    # XLA:CPU allocates in host memory: the default limit is the host's RAM.
+    import os
+
+    assert p.total_memory == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    free, total = torch.tpu.mem_get_info()
+    assert total == p.total_memory and free == total - torch.tpu.memory_allocated()
+    with pytest.raises(IndexError, match="out of range"):
+        torch.tpu.memory_allocated(7)
+
+
+def test_memory_per_device_and_out_of_memory():
+    check_py(
+        """
+        import torch, torchtpu
+        assert torch.tpu.get_device_properties(1).total_memory == 4 << 20
+        a = torch.empty(1 << 20, dtype=torch.uint8, device="tpu:1")
+        assert torch.tpu.memory_allocated(1) == 1 << 20, torch.tpu.memory_allocated(1)
+        assert torch.tpu.memory_allocated(0) == 0
+        assert torch.tpu.mem_get_info(1) == (3 << 20, 4 << 20)
+        try:
+            torch.empty(4 << 20, dtype=torch.uint8, device="tpu:1")
+        except torch.OutOfMemoryError as e:
+            assert "out of memory on tpu:1" in str(e), e
+        else:
+            raise AssertionError("no OutOfMemoryError")
+        assert torch.tpu.memory_stats(1)["num_ooms"] == 1
+        assert torch.tpu.memory_stats(0)["num_ooms"] == 0
+        b = torch.empty(3 << 20, dtype=torch.uint8, device="tpu:0")  # its own limit
+        print("ok")
+        """,
+        env={"TORCHTPU_NUM_DEVICES": "2", "TORCHTPU_MEMORY_LIMIT": str(4 << 20)},
+    )
+
+
+def test_memory_stats_use_cuda_key_names():
+    # Tools written for CUDA (TorchTitan's memory monitor) read these keys.
+    x = torch.ones(256, device="tpu")
+    torch.tpu.synchronize()
+    stats = torch.tpu.memory_stats()
+    del x
+    assert stats["active_bytes.all.peak"] == stats["reserved_bytes.all.peak"] > 0
+    assert stats["num_alloc_retries"] == stats["num_ooms"] == 0
+
+
+def test_set_device_initializes():
+    # DeviceMesh takes is_initialized() as "a device was chosen" and otherwise resets it
+    # to LOCAL_RANK, as for CUDA where set_device initializes.
+    import torchtpu.device
+
+    torchtpu.device._initialized = False
+    torch.tpu.set_device(0)
+    assert torch.tpu.is_initialized()
+
+
+def test_assert_async_raises_on_zero():
+    x = torch.tensor([3.0], device="tpu")
+    torch._assert_async(x > 2)
+    torch._assert_async(x.sum() > 2, "never shown")
+    with pytest.raises(RuntimeError, match="position_ids exceed"):
+        torch._assert_async((x > 5).squeeze(), "position_ids exceed max_valid_pos")
+    with pytest.raises(RuntimeError, match="single nonzero value"):
+        torch._assert_async(torch.tensor(0, device="tpu"))
+
+
 # ---------------------------------------------------------------- moving tensors
 
 

@@ -177,6 +177,44 @@ for _p in (1.0, 2.0, 3.0):
         lambda d, w, p=_p: _renormed(d, w, p),
         lambda: [torch.randn(10, 4)],
     )
+# CTC: padded and concatenated targets, int and tensor lengths, an impossible sample
+# (target longer than its input: inf, or 0 with zero_infinity).
+_CTC_T = [[1, 2, 2, 3], [4, 1, 0, 0], [5, 5, 2, 0]]
+_CTC_IL, _CTC_TL = [12, 10, 7], [4, 2, 3]
+CASES["ctc_loss_mean"] = (
+    lambda d, x: F.ctc_loss(F.log_softmax(x, -1), _i(_CTC_T, d), _CTC_IL, _CTC_TL),
+    lambda: [_f(12, 3, 6)],
+)
+CASES["ctc_loss_concat_tensor_lengths_sum"] = (
+    lambda d, lp: F.ctc_loss(
+        lp, _i([1, 2, 2, 3, 4, 1, 5, 5, 2], d), _i(_CTC_IL, d), _i(_CTC_TL, d), reduction="sum"
+    ),
+    lambda: [F.log_softmax(torch.randn(12, 3, 6), -1).requires_grad_(True)],
+)
+CASES["ctc_loss_zero_infinity_none"] = (
+    lambda d, x: F.ctc_loss(
+        F.log_softmax(x, -1),
+        _i(_CTC_T, d),
+        [12, 10, 2],
+        _CTC_TL,
+        reduction="none",
+        zero_infinity=True,
+    ),
+    lambda: [_f(12, 3, 6)],
+)
+# hash_tensor: XOR of the bits (floats as float64, integers as int64).
+CASES["hash_tensor_float"] = (
+    lambda d, x: torch.ops.aten.hash_tensor(x, [1], keepdim=True),
+    lambda: [torch.randn(3, 4)],
+)
+CASES["hash_tensor_int_all"] = (
+    lambda d, x: torch.ops.aten.hash_tensor(x),
+    lambda: [torch.randint(-100, 100, (2, 5), dtype=torch.int32)],
+)
+CASES["hash_tensor_bool"] = (
+    lambda d, x: torch.ops.aten.hash_tensor(x, [0]),
+    lambda: [torch.rand(4, 3) > 0.5],
+)
 # mm.dtype family (bf16 in, f32 out) has no CPU kernel: the reference is the f32 product.
 CASES["mm_dtype"] = (
     lambda d, a, b: (

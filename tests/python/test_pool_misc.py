@@ -218,6 +218,25 @@ CASES = {
         lambda x: torch.histogram(x, torch.tensor([-2.0, -0.5, 0.0, 0.3, 2.0], device=x.device)),
         lambda: [torch.randn(25)],
     ),
+    "histogramdd": (lambda x: tuple(torch.histogramdd(x, [3, 4, 2])), lambda: [torch.randn(40, 3)]),
+    "histogramdd_range_density_weight": (
+        lambda x, w: tuple(
+            torch.histogramdd(x, [2, 3], range=[-1.0, 1.0, -2.0, 0.5], weight=w, density=True)
+        ),
+        lambda: [torch.randn(5, 6, 2), torch.rand(5, 6)],
+    ),
+    "histogramdd_edges": (
+        lambda x: tuple(
+            torch.histogramdd(
+                x,
+                [
+                    torch.tensor([-3.0, 0.0, 0.5, 3.0], device=x.device),
+                    torch.tensor([-1.0, 1.0], device=x.device),
+                ],
+            )
+        ),
+        lambda: [torch.randn(30, 2)],
+    ),
     "eigvalsh": (lambda a: torch.linalg.eigvalsh(a), lambda: [_spd(5)]),
     "svdvals": (lambda a: torch.linalg.svdvals(a), lambda: [_f(2, 5, 3)]),
     "pinv": (lambda a: torch.linalg.pinv(a), lambda: [_f(4, 3)]),
@@ -231,8 +250,12 @@ CASES = {
 @pytest.mark.parametrize("pad", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
 @pytest.mark.parametrize("align", [True, False])
-def test_grid_sample(pad, mode, align, eager):
-    x, g = torch.randn(2, 3, 5, 6), torch.rand(2, 4, 3, 2) * 2.6 - 1.3
+@pytest.mark.parametrize("dims", [2, 3])
+def test_grid_sample(pad, mode, align, dims, eager):
+    if dims == 2:
+        x, g = torch.randn(2, 3, 5, 6), torch.rand(2, 4, 3, 2) * 2.6 - 1.3
+    else:
+        x, g = torch.randn(2, 3, 4, 5, 6), torch.rand(2, 3, 2, 4, 3) * 2.6 - 1.3
     xr, gr = x.clone().requires_grad_(True), g.clone().requires_grad_(True)
     xd, gd = x.to("tpu").requires_grad_(True), g.to("tpu").requires_grad_(True)
     ref = F.grid_sample(xr, gr, mode=mode, padding_mode=pad, align_corners=align)

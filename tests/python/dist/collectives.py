@@ -19,6 +19,9 @@ else:
 # The CPU reference always runs on a gloo group.
 gloo = dist.new_group(backend="gloo")
 rank, n = dist.get_rank(), dist.get_world_size()
+# A group without this rank (DeviceMesh makes such groups): a non-member marker, no error.
+solo = dist.new_group([0])
+assert (solo == dist.GroupMember.NON_GROUP_MEMBER) == (rank != 0), solo
 dev = torch.device("tpu", int(os.environ["LOCAL_RANK"]))
 torch.tpu.set_device(dev)
 assert torch.tpu.device_count() >= n, torch.tpu.device_count()

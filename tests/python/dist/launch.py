@@ -42,15 +42,21 @@ def torchrun(script: str, nproc: int = 2, env: dict | None = None, timeout: floa
     full_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PYTHON_DIR), os.environ.get("PYTHONPATH", "")) if p)
     full_env.setdefault("OMP_NUM_THREADS", "1")
+    return run_bounded(cmd, full_env, timeout)
+
+
+def run_bounded(cmd: list[str], env: dict, timeout: float, cwd: str | None = None,
+                tag: str = "launch") -> Result:
+    """Runs `cmd` in its own process group; at `timeout` the whole group is killed."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, cwd=cwd)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        out += f"\n[launch] killed after {timeout} s"
+        out += f"\n[{tag}] killed after {timeout} s"
     return Result(proc.returncode, out, time.monotonic() - start)
 
 
