@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -252,6 +253,12 @@ std::unordered_map<int, DeviceStats>& device_stats() {  // under memory_mu()
   return *m;
 }
 
+// Every statistic the allocator keeps (block counts, then byte counts).
+auto stat_arrays(DeviceStats& st) {
+  return std::array{&st.allocation,     &st.segment,      &st.active,         &st.allocated_bytes,
+                    &st.reserved_bytes, &st.active_bytes, &st.requested_bytes};
+}
+
 // Byte counts of a live storage: allocated == reserved == active == requested.
 void add_bytes(DeviceStats& st, int64_t delta) {
   for (auto* a : {&st.allocated_bytes, &st.reserved_bytes, &st.active_bytes, &st.requested_bytes}) {
@@ -352,18 +359,14 @@ DeviceStats memory_stats(int device) {
 void reset_peak_memory(int device) {
   std::lock_guard<std::mutex> lock(memory_mu());
   DeviceStats& st = device_stats()[device];
-  for (auto* a : {&st.allocation, &st.segment, &st.active, &st.allocated_bytes, &st.reserved_bytes,
-                  &st.active_bytes, &st.requested_bytes})
-    (*a)[kAll].reset_peak();
+  for (auto* a : stat_arrays(st)) (*a)[kAll].reset_peak();
   metrics().peak_bytes = metrics().bytes_in_use.load();
 }
 
 void reset_accumulated_memory(int device) {
   std::lock_guard<std::mutex> lock(memory_mu());
   DeviceStats& st = device_stats()[device];
-  for (auto* a : {&st.allocation, &st.segment, &st.active, &st.allocated_bytes, &st.reserved_bytes,
-                  &st.active_bytes, &st.requested_bytes})
-    (*a)[kAll].reset_accumulated();
+  for (auto* a : stat_arrays(st)) (*a)[kAll].reset_accumulated();
   st.num_device_alloc = st.num_device_free = st.num_ooms = 0;
 }
 

@@ -248,32 +248,31 @@ class JaxOp:
     def _entry(self, tensors: list[torch.Tensor], statics: tuple) -> _Entry:
         # A symbolic size (torch.compile's dynamic shapes) is specialized here:
         # an export has static shapes, so each size is its own program.
-        key = (tuple((tuple(int(d) for d in t.shape), t.dtype) for t in tensors), statics)
-        entry = self._entries.get(key)
+        inputs = tuple((tuple(int(d) for d in t.shape), t.dtype) for t in tensors)
+        entry = self._entries.get((inputs, statics))
         if entry is None:
-            entry = self._export(tensors, statics)
-            self._entries[key] = entry
+            entry = self._export(inputs, statics)
+            self._entries[(inputs, statics)] = entry
         return entry
 
-    def _export(self, tensors: list[torch.Tensor], statics: tuple) -> _Entry:
+    def _export(self, inputs: tuple, statics: tuple) -> _Entry:
+        """Exports for (shape, dtype) inputs and registers the result natively."""
         jax, export = _state["jax"], _state["export"]
         _install_translator()
-        for t in tensors:
-            if t.dtype not in _ELEMENT:
-                raise TypeError(f"{self.qualname}: no JAX dtype for {t.dtype}")
-        specs = [
-            jax.ShapeDtypeStruct(tuple(int(d) for d in t.shape), _ELEMENT[t.dtype][0])
-            for t in tensors
-        ]
+        for _, dtype in inputs:
+            if dtype not in _ELEMENT:
+                raise TypeError(f"{self.qualname}: no JAX dtype for {dtype}")
+        specs = [jax.ShapeDtypeStruct(shape, _ELEMENT[dtype][0]) for shape, dtype in inputs]
+        platform = _platform()
         try:
             with jax.enable_x64(True):
                 exported = export.export(
-                    jax.jit(self._closed(statics), keep_unused=True), platforms=[_platform()]
+                    jax.jit(self._closed(statics), keep_unused=True), platforms=[platform]
                 )(*specs)
         except Exception as e:
-            shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors)
+            shapes = ", ".join(f"{shape} {dtype}" for shape, dtype in inputs)
             raise RuntimeError(
-                f"{self.qualname}: JAX could not export it for the '{_platform()}' platform "
+                f"{self.qualname}: JAX could not export it for the '{platform}' platform "
                 f"with inputs {shapes}: {e}"
             ) from e
         if exported.ordered_effects or exported.unordered_effects:
@@ -290,7 +289,7 @@ class JaxOp:
         text = exported.mlir_module()
         calls = set(re.findall(r'custom_call @([\w$.]+)|call_target_name = "([^"]+)"', text))
         targets = sorted({a or b for a, b in calls})
-        if _platform() == "cpu" and targets:
+        if platform == "cpu" and targets:
             what = "; ".join(
                 f"'{t}' ({_FOREIGN_CALLS.get(t, 'a JAX runtime kernel')})" for t in targets
             )
@@ -303,13 +302,12 @@ class JaxOp:
         prefix, callee, body = _inline_text(self.qualname, text)
         key = int.from_bytes(hashlib.sha256(body.encode()).digest()[:8], "little") >> 1
         _names[prefix] = self.qualname
-        elem = [_ELEMENT[t.dtype][1] for t in tensors]
         _C._register_external(
             key,
             self.qualname,
             callee,
             body,
-            [(e, [int(d) for d in t.shape]) for e, t in zip(elem, tensors)],
+            [(_ELEMENT[dtype][1], list(shape)) for shape, dtype in inputs],
             [(_ELEMENT[d][1], list(s)) for s, d in outs],
         )
         return _Entry(key, outs)
