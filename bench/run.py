@@ -104,7 +104,15 @@ def step_time(
     """Median seconds per training step and median host seconds per step."""
     t = Trainer(model_fn, batches, device, backend)
     t.run(warmup)
+    settle(device)
     return _medians(t.run(steps))
+
+
+def settle(device: str) -> None:
+    """Lets background compiles of optimized builds finish (tiered compiles), so
+    steady-state timings never include them."""
+    if device == "tpu":
+        torchtpu._C.wait_tier_ups()
 
 
 def eager_modes(model_fn, batches, rounds: int, steps: int) -> dict[str, tuple[float, float]]:
@@ -121,6 +129,7 @@ def eager_modes(model_fn, batches, rounds: int, steps: int) -> dict[str, tuple[f
         for name, (mode, trainer) in runs.items():
             with torchtpu.eager_mode(mode):
                 trainer.run(3 if r == 0 else 1)  # warm-up; a mode switch flushes
+                settle(trainer.device)
                 times[name] += trainer.run(steps)
     return {name: _medians(t) for name, t in times.items()}
 
@@ -226,16 +235,99 @@ def print_compiled(batches, steps: int, gpt_row: tuple) -> None:
     )
 
 
+# One process of the cold-start benchmark: a fresh compile cache, `model` trained in
+# `mode` for 4 steps (the first timed alone), then, once the background compiles
+# are done, 4 more.
+_COLD_CHILD = """
+import json, statistics, sys, time
+import torch, torch.nn.functional as F, torchtpu
+sys.path.insert(0, sys.argv[1])
+from models import GPT, MobileCNN, copy_task_batch
+torchtpu.eager_mode(sys.argv[3])
+torch.manual_seed(0)
+gen = torch.Generator().manual_seed(0)
+if sys.argv[2] == "gpt":
+    model, batch = GPT().to("tpu"), copy_task_batch(gen, 8, 32, 64)
+    loss_of = lambda x, y: model(x, y)
+else:
+    model = MobileCNN().to("tpu")
+    batch = (torch.randn(8, 3, 64, 64, generator=gen), torch.randint(0, 10, (8,), generator=gen))
+    loss_of = lambda x, y: F.cross_entropy(model(x), y)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = (t.to("tpu") for t in batch)
+
+def steps(n):
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(x, y)
+        loss.backward()
+        opt.step()
+        loss.item()
+        out.append(time.perf_counter() - t0)
+    return out
+
+cold = steps(4)
+m = torchtpu.metrics()
+t0 = time.perf_counter()
+torchtpu._C.wait_tier_ups()
+waited = time.perf_counter() - t0
+warm = steps(4)
+print(json.dumps({"first": cold[0], "next": statistics.median(cold[1:]), "waited": waited,
+                  "after": statistics.median(warm), "compiles": m["compiles"],
+                  "compile_s": m["compile_seconds"], "quick": m["quick_compiles"],
+                  "tier_ups": torchtpu.metrics()["tier_ups"]}))
+"""
+
+
+def print_cold_start() -> None:
+    """First training step in a fresh process with an empty compile cache, with tiered
+    compiles (quick builds first) and without."""
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+    print(
+        "\n| cold start (empty cache) | mode | tiered | first step s | compiles | compile s "
+        "| steps 2-4 ms | background wait s | after tier-up ms |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for model in ("cnn", "gpt"):
+        for mode in ("strict", "fused"):
+            for tiered in ("1", "0"):
+                with tempfile.TemporaryDirectory(prefix="torchtpu-bench-cold-") as cache_dir:
+                    env = {**os.environ, "TORCHTPU_CACHE_DIR": cache_dir}
+                    env["TORCHTPU_TIERED_COMPILE"] = tiered
+                    env.pop("TORCHTPU_SHARED_CACHE_DIR", None)
+                    env.pop("TORCHTPU_CACHE_PACKS", None)
+                    out = subprocess.run(
+                        [sys.executable, "-c", _COLD_CHILD, examples, model, mode],
+                        env=env,
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                r = json.loads(out.strip().splitlines()[-1])
+                name = "MobileNet-style CNN" if model == "cnn" else "GPT"
+                print(
+                    f"| {name} | {mode} | {'yes' if tiered == '1' else 'no'} | {r['first']:.2f} "
+                    f"| {r['compiles']} | {r['compile_s']:.2f} | {r['next'] * 1e3:.1f} "
+                    f"| {r['waited']:.2f} | {r['after'] * 1e3:.1f} |"
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--adds", type=int, default=10_000)
     ap.add_argument("--steps", type=int, default=10, help="steps per round")
     ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds per eager mode")
     ap.add_argument("--cache-only", action="store_true", help="only the cold/warm cache runs")
+    ap.add_argument("--cold-only", action="store_true", help="only the cold-start runs")
     args = ap.parse_args()
     if args.cache_only:
         print_cold_vs_warm()
         print_cold_vs_warm("compile")
+        return
+    if args.cold_only:
+        print_cold_start()
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -292,6 +384,7 @@ def main() -> None:
     )
     print_cold_vs_warm()
     print_cold_vs_warm("compile")
+    print_cold_start()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,40 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+class MobileCNN(nn.Module):
+    """MobileNet-style: depthwise-separable conv blocks with batch norm and hardswish
+    (many distinct small programs, so it shows cold-start compile cost)."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+
+        def block(cin: int, cout: int, stride: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(cin, cin, 3, stride, 1, groups=cin, bias=False),
+                nn.BatchNorm2d(cin),
+                nn.Hardswish(),
+                nn.Conv2d(cin, cout, 1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(),
+            )
+
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 16, 3, 2, 1),
+            nn.BatchNorm2d(16),
+            nn.Hardswish(),
+            block(16, 24, 2),
+            block(24, 40, 2),
+            block(40, 48, 1),
+            block(48, 96, 2),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(96, classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
 class Block(nn.Module):
     def __init__(self, d: int, heads: int, dropout: float) -> None:
         super().__init__()

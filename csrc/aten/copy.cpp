@@ -33,14 +33,14 @@ std::vector<pjrt::BufferPtr> run_internal(const char* kind, const std::string& k
     Builder b;
     build(b);
     auto made = std::make_shared<Launchable>();
-    made->exe = compile_cached(b.module());
+    compile_program(b.module(), *made);
     add_program(key, made);
     entry = std::move(made);
   } else {
     metrics().cache_hits++;
   }
   TraceScope trace([&] { return name("execute"); });
-  return launch(*entry->exe, inputs, device);
+  return launch(*entry, inputs, device);
 }
 
 std::string geom_key(const at::Tensor& t) {

@@ -231,7 +231,7 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
   GraphFeed feed(g, order);
   TraceScope trace("torchtpu::execute fused_graph", static_cast<int64_t>(order.size()));
   std::vector<pjrt::BufferPtr> results =
-      launch(*entry->exe, gather_inputs(*entry, feed, g.device), g.device);
+      launch(*entry, gather_inputs(*entry, feed, g.device), g.device);
   metrics().fused_graphs++;
   metrics().fused_outputs += static_cast<int64_t>(results.size());
   return results;

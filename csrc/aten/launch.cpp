@@ -1,13 +1,19 @@
 #include "aten/launch.h"
 
+#include <ATen/Context.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/isfinite.h>
 #include <c10/core/TensorOptions.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "aten/events.h"
@@ -60,14 +66,161 @@ size_t max_inflight() {
 }
 
 // A profiler mark naming the compile cache tier that served a compile request.
-void trace_cache_tier(const cache::Stats& a, const cache::Stats& b) {
+void trace_cache_tier(cache::Source source) {
   TraceScope mark([&] {
-    const char* tier = b.memory_hits > a.memory_hits   ? "memory_hit"
-                       : b.disk_hits > a.disk_hits     ? "disk_hit"
-                       : b.shared_hits > a.shared_hits ? "shared_hit"
-                                                       : "miss";
+    const char* tier = source == cache::Source::Memory   ? "memory_hit"
+                       : source == cache::Source::Disk   ? "disk_hit"
+                       : source == cache::Source::Shared ? "shared_hit"
+                       : source == cache::Source::Pack   ? "pack_hit"
+                                                         : "miss";
     return std::string("torchtpu::compile_cache ") + tier;
   });
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// On by default where measured (XLA:CPU); other platforms opt in.
+bool tiered_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("TORCHTPU_TIERED_COMPILE");
+    if (v && *v) return std::string(v) != "0";
+    return client_ptr()->platform_name() == "cpu";
+  }();
+  return on;
+}
+
+// When the foreground last compiled: tier-ups wait for a quiet spell so they
+// never slow a cold step's own compiles.
+std::atomic<int64_t> last_foreground_compile_ns{0};
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+const pjrt::CompileOptions& quick_options() {
+  static const pjrt::CompileOptions o{
+      .overrides = {{"xla_backend_optimization_level", int64_t{0}}}};
+  return o;
+}
+
+// Background compiles of optimized builds. Workers hold entries weakly: a
+// program dropped from the table is not compiled. At exit the workers finish
+// the compile in hand and stop before the runtime is torn down.
+class TierUps {
+ public:
+  static TierUps& get() {
+    static auto* t = new TierUps();
+    return *t;
+  }
+  void request(const Launchable& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (threads_.empty()) {
+      int n = env_int("TORCHTPU_COMPILE_THREADS",
+                      std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1));
+      for (int i = 0; i < std::max(1, n); ++i) threads_.emplace_back([this] { work(); });
+      std::atexit([] { get().stop(); });
+    }
+    queue_.push_back(e.weak_from_this());
+    cv_.notify_one();
+  }
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [this] { return queue_.empty() && busy_ == 0; });
+  }
+
+ private:
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      queue_.clear();
+    }
+    cv_.notify_all();
+    quiet_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void work() {
+    for (;;) {
+      std::shared_ptr<const Launchable> e;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return;
+        e = queue_.front().lock();
+        queue_.pop_front();
+        busy_++;
+      }
+      if (e) {
+        wait_for_quiet();
+        promote(*e);
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_--;
+      if (queue_.empty() && busy_ == 0) idle_.notify_all();
+    }
+  }
+  void wait_for_quiet() {
+    static const int64_t quiet_ns = int64_t{env_int("TORCHTPU_TIER_UP_QUIET_MS", 300)} * 1000000;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      int64_t left = last_foreground_compile_ns.load() + quiet_ns - now_ns();
+      if (left <= 0 || stopping_) return;
+      quiet_.wait_for(lock, std::chrono::nanoseconds(left));
+    }
+  }
+  static void promote(const Launchable& e) {
+    try {
+      auto& cc = cache::process_cache(client_ptr());
+      cache::Source source;
+      auto t0 = std::chrono::steady_clock::now();
+      pjrt::ExecutablePtr exe = cc.get(e.quick_mlir, {}, &source);
+      if (source == cache::Source::Compiled) {
+        metrics().tier_up_compiles++;
+        metrics().tier_up_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now() - t0)
+                                    .count();
+      }
+      e.optimized = std::move(exe);
+      e.tier.store(Launchable::Promoted, std::memory_order_release);
+      metrics().tier_ups++;
+    } catch (const std::exception& err) {
+      // The quick build stays; it computes the same values.
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        std::fprintf(stderr, "[tpu] an optimized recompile failed; keeping the quick build: %s\n",
+                     err.what());
+      });
+      e.tier.store(Launchable::Final, std::memory_order_release);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_, idle_, quiet_;
+  std::deque<std::weak_ptr<const Launchable>> queue_;
+  std::vector<std::thread> threads_;
+  int busy_ = 0;
+  bool stopping_ = false;
+};
+
+// The build a run uses; a quick one counts the run toward its tier-up.
+pjrt::Executable& current_build(const Launchable& e) {
+  switch (e.tier.load(std::memory_order_acquire)) {
+    case Launchable::Promoted: return *e.optimized;
+    case Launchable::Quick: {
+      static const int after = std::max(1, env_int("TORCHTPU_TIER_UP_RUNS", 2));
+      int expected = Launchable::Quick;
+      if (e.runs.fetch_add(1, std::memory_order_relaxed) + 1 >= after &&
+          e.tier.compare_exchange_strong(expected, Launchable::Queued))
+        TierUps::get().request(e);
+      return *e.exe;
+    }
+    default: return *e.exe;
+  }
 }
 
 }  // namespace
@@ -104,24 +257,58 @@ void reset_program_report() {
   programs_by_op().clear();
 }
 
-pjrt::ExecutablePtr compile_cached(const std::string& mlir, const pjrt::CompileOptions& options) {
-  auto& cc = cache::process_cache(client_ptr());
-  const cache::Stats before = cc.stats();
-  auto t0 = std::chrono::steady_clock::now();
-  pjrt::ExecutablePtr exe = cc.get(mlir, options);
-  auto dt = std::chrono::steady_clock::now() - t0;
-  trace_cache_tier(before, cc.stats());
-  const int64_t misses = before.misses;
-  // Disk and shared hits load a serialized executable: only misses compile.
-  if (cc.stats().misses > misses) {
+namespace {
+
+// Counts a compile (and its time) only when this request compiled.
+pjrt::ExecutablePtr counted(cache::Source source, pjrt::ExecutablePtr exe,
+                            std::chrono::steady_clock::time_point t0) {
+  trace_cache_tier(source);
+  if (source == cache::Source::Compiled) {
+    last_foreground_compile_ns = now_ns();
     metrics().compiles++;
-    metrics().compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count();
+    metrics().compile_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
   }
   return exe;
 }
 
-std::vector<pjrt::BufferPtr> launch(pjrt::Executable& exe, const std::vector<pjrt::BufferPtr>& args,
-                                    int device, c10::function_ref<std::string()> what) {
+}  // namespace
+
+pjrt::ExecutablePtr compile_cached(const std::string& mlir, const pjrt::CompileOptions& options) {
+  auto t0 = std::chrono::steady_clock::now();
+  cache::Source source;
+  pjrt::ExecutablePtr exe = cache::process_cache(client_ptr()).get(mlir, options, &source);
+  return counted(source, std::move(exe), t0);
+}
+
+void compile_program(const std::string& mlir, Launchable& entry) {
+  // Quick builds may round differently in the last bit (no FMA contraction):
+  // under torch.use_deterministic_algorithms a program keeps one build.
+  if (!tiered_enabled() || at::globalContext().deterministicAlgorithms()) {
+    entry.exe = compile_cached(mlir);
+    return;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  auto& cc = cache::process_cache(client_ptr());
+  cache::Source source;
+  if (pjrt::ExecutablePtr exe = cc.find(mlir, {}, &source)) {
+    entry.exe = counted(source, std::move(exe), t0);
+    return;
+  }
+  pjrt::ExecutablePtr quick = cc.get(mlir, quick_options(), &source);
+  entry.exe = counted(source, std::move(quick), t0);
+  if (source == cache::Source::Compiled) metrics().quick_compiles++;
+  entry.quick_mlir = mlir;
+  entry.tier.store(Launchable::Quick, std::memory_order_release);
+}
+
+void wait_tier_ups() { TierUps::get().wait_idle(); }
+
+std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
+                                    const std::vector<pjrt::BufferPtr>& args, int device,
+                                    c10::function_ref<std::string()> what) {
+  pjrt::Executable& exe = current_build(entry);
   pjrt::Buffer* small[16];
   std::vector<pjrt::Buffer*> big;
   pjrt::Buffer** raw = small;

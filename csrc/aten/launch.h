@@ -5,6 +5,7 @@
 #pragma once
 #include <c10/util/FunctionRef.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,9 +16,24 @@ namespace torchtpu::aten {
 
 // A compiled program; runners keep their own description of its inputs and
 // outputs in a derived type (program.h's ProgramEntry).
-struct Launchable {
+//
+// Tiered compiles: a program the cache has no optimized build of is first
+// compiled quick (XLA's backend at optimization level 0: less compile time,
+// slower loops, last-bit differences where the optimized build contracts to
+// FMA), so a cold step waits less. Once it has run TORCHTPU_TIER_UP_RUNS times
+// (default 2) the optimized build is compiled on a background thread (after
+// TORCHTPU_TIER_UP_QUIET_MS without foreground compiles) and replaces it; the
+// cache keeps both, so the next process starts optimized.
+// TORCHTPU_TIERED_COMPILE=0, or torch.use_deterministic_algorithms(True),
+// compiles optimized at once.
+struct Launchable : std::enable_shared_from_this<Launchable> {
   virtual ~Launchable() = default;
-  pjrt::ExecutablePtr exe;
+  pjrt::ExecutablePtr exe;  // the first build; replaced by `optimized` once that is set
+  std::string quick_mlir;   // kept while a tier-up may follow
+  enum Tier : int { Final, Quick, Queued, Promoted };
+  mutable std::atomic<int> tier{Final};
+  mutable std::atomic<int> runs{0};
+  mutable pjrt::ExecutablePtr optimized;  // written once, before tier becomes Promoted
 };
 
 // The process's program table, keyed by structural keys (each runner's keys
@@ -31,12 +47,19 @@ size_t program_table_limit();
 // shared root, or a compile); counts real compiles in metrics().
 pjrt::ExecutablePtr compile_cached(const std::string& mlir,
                                    const pjrt::CompileOptions& options = {});
+// Sets `entry.exe` to the optimized build when a cache tier has it, else
+// (tiered compiles on) to a quick build marked for a later tier-up.
+void compile_program(const std::string& mlir, Launchable& entry);
+// Waits until no tier-up is queued or compiling (tests, benchmarks).
+void wait_tier_ups();
 
 // Executes on `device`. Debug Eager waits for the outputs and, given `what`
 // (which names the work) and TORCHTPU_CHECK_NANS=1, raises when a float output
 // holds NaN or Inf; other modes queue the last output in flight.
-std::vector<pjrt::BufferPtr> launch(pjrt::Executable& exe, const std::vector<pjrt::BufferPtr>& args,
-                                    int device, c10::function_ref<std::string()> what = nullptr);
+// Runs the entry's current build (and counts runs toward its tier-up).
+std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
+                                    const std::vector<pjrt::BufferPtr>& args, int device,
+                                    c10::function_ref<std::string()> what = nullptr);
 
 // Host-side limit on work in flight (TORCHTPU_MAX_INFLIGHT, default 64):
 // waits for the oldest output when the queue is full.

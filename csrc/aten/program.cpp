@@ -286,7 +286,7 @@ void Program::finish(const std::vector<Value>& results, ProgramEntry& entry, con
       std::fclose(f);
     }
   }
-  entry.exe = compile_cached(text);
+  compile_program(text, entry);
 }
 
 std::shared_ptr<ProgramEntry> compile_call(const c10::OperatorHandle& op, const OpInfo& info,

@@ -94,6 +94,9 @@ struct Metrics {
   std::atomic<int64_t> compiled_graphs{0};
   // PyTorch meta kernel runs (output metadata of a call signature not seen before).
   std::atomic<int64_t> meta_calls{0};
+  // Tiered compiles (launch.h): programs first compiled quick, optimized builds
+  // swapped in, and the background compiles that made them (not in `compiles`).
+  std::atomic<int64_t> quick_compiles{0}, tier_ups{0}, tier_up_compiles{0}, tier_up_ns{0};
 };
 Metrics& metrics();
 // New programs per op: call signatures the program table had not seen (each lowered,

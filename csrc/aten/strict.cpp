@@ -131,7 +131,7 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
   std::vector<pjrt::BufferPtr> outs;
   {
     TraceScope trace([&] { return "torchtpu::execute aten::" + info.name; });
-    outs = launch(*entry->exe, gather_inputs(*entry, feed, device), device,
+    outs = launch(*entry, gather_inputs(*entry, feed, device), device,
                   [&] { return describe(info.name, *stack, first, n); });
   }
   push_results(*entry, info, outs, call.storages, device, *stack, first);

@@ -46,6 +46,10 @@ py::dict metrics_dict() {
   d["fused_outputs"] = m.fused_outputs.load();
   d["compiled_graphs"] = m.compiled_graphs.load();
   d["meta_calls"] = m.meta_calls.load();
+  d["quick_compiles"] = m.quick_compiles.load();
+  d["tier_ups"] = m.tier_ups.load();
+  d["tier_up_compiles"] = m.tier_up_compiles.load();
+  d["tier_up_seconds"] = static_cast<double>(m.tier_up_ns.load()) * 1e-9;
   py::dict cuts;
   for (auto& [reason, count] : fused_cut_report()) cuts[py::str(reason)] = count;
   d["fused_cuts"] = cuts;
@@ -344,12 +348,35 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_cache_identity",
         [] { return torchtpu::cache::to_hex(torchtpu::cache::runtime_identity(client())); });
+  m.def(
+      "wait_tier_ups",
+      [] {
+        py::gil_scoped_release release;
+        wait_tier_ups();
+      },
+      "Waits until the background compiles of optimized builds are done.");
   m.def("reset_metrics", [] {
     auto& x = metrics();
-    for (auto* c : {&x.ops, &x.compiles, &x.cache_hits, &x.fallbacks, &x.host_syncs,
-                    &x.bytes_to_device, &x.bytes_to_host, &x.executions, &x.compile_ns,
-                    &x.fused_ops, &x.fused_graphs, &x.fused_cache_hits, &x.donated_bytes,
-                    &x.fused_outputs, &x.compiled_graphs, &x.meta_calls})
+    for (auto* c : {&x.ops,
+                    &x.compiles,
+                    &x.cache_hits,
+                    &x.fallbacks,
+                    &x.host_syncs,
+                    &x.bytes_to_device,
+                    &x.bytes_to_host,
+                    &x.executions,
+                    &x.compile_ns,
+                    &x.fused_ops,
+                    &x.fused_graphs,
+                    &x.fused_cache_hits,
+                    &x.donated_bytes,
+                    &x.fused_outputs,
+                    &x.compiled_graphs,
+                    &x.meta_calls,
+                    &x.quick_compiles,
+                    &x.tier_ups,
+                    &x.tier_up_compiles,
+                    &x.tier_up_ns})
       *c = 0;
     reset_program_report();
     torchtpu::dist::reset_collective_report();

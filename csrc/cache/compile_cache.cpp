@@ -165,7 +165,7 @@ Digest CompileCache::key(const std::string& mlir_text, const pjrt::CompileOption
 }
 
 pjrt::ExecutablePtr CompileCache::get(const std::string& mlir_text,
-                                      const pjrt::CompileOptions& options) {
+                                      const pjrt::CompileOptions& options, Source* source) {
   requests_++;
   Digest k = key(mlir_text, options);
   std::string mkey(k.begin(), k.end());
@@ -184,9 +184,12 @@ pjrt::ExecutablePtr CompileCache::get(const std::string& mlir_text,
       trim_memory();
     }
   }
-  if (pending.valid()) return pending.get();  // Waits for the one in-flight compile.
+  if (pending.valid()) {
+    if (source) *source = Source::Memory;
+    return pending.get();  // Waits for the one in-flight compile.
+  }
   try {
-    pjrt::ExecutablePtr exe = produce(k, mlir_text, options);
+    pjrt::ExecutablePtr exe = produce(k, mlir_text, options, source);
     promise.set_value(exe);
     return exe;
   } catch (...) {
@@ -200,6 +203,38 @@ pjrt::ExecutablePtr CompileCache::get(const std::string& mlir_text,
     promise.set_exception(std::current_exception());
     throw;
   }
+}
+
+pjrt::ExecutablePtr CompileCache::find(const std::string& mlir_text,
+                                       const pjrt::CompileOptions& options, Source* source) {
+  Digest k = key(mlir_text, options);
+  std::string mkey(k.begin(), k.end());
+  std::shared_future<pjrt::ExecutablePtr> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = memory_.find(mkey); it != memory_.end()) {
+      pending = it->second.exe;
+      lru_.splice(lru_.begin(), lru_, it->second.use);
+    }
+  }
+  if (pending.valid()) {
+    requests_++;
+    memory_hits_++;
+    if (source) *source = Source::Memory;
+    return pending.get();
+  }
+  pjrt::ExecutablePtr exe = load_stored(k, options, source);
+  if (!exe) return nullptr;
+  requests_++;
+  std::promise<pjrt::ExecutablePtr> ready;
+  ready.set_value(exe);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (memory_.count(mkey) == 0) {  // else a concurrent request got there first
+    lru_.push_front(mkey);
+    memory_.emplace(mkey, Resident{ready.get_future().share(), lru_.begin()});
+    trim_memory();
+  }
+  return exe;
 }
 
 // Drops the least recently used ready executables over the limit; callers
@@ -278,20 +313,30 @@ pjrt::ExecutablePtr CompileCache::load_pack(const Digest& key,
   return exe;
 }
 
-pjrt::ExecutablePtr CompileCache::produce(const Digest& key, const std::string& mlir,
-                                          const pjrt::CompileOptions& options) {
+pjrt::ExecutablePtr CompileCache::load_stored(const Digest& key,
+                                              const pjrt::CompileOptions& options, Source* source) {
+  auto found = [&](Source s, pjrt::ExecutablePtr exe) {
+    if (source) *source = s;
+    return exe;
+  };
   if (!config_.packs.empty()) {
-    if (auto exe = load_pack(key, options)) return exe;
+    if (auto exe = load_pack(key, options)) return found(Source::Pack, std::move(exe));
   }
   if (auto hit = load(local_, key, options)) {
     disk_hits_++;
-    return hit->exe;
+    return found(Source::Disk, std::move(hit->exe));
   }
   if (auto hit = load(shared_, key, options)) {
     shared_hits_++;
     store(local_, key, hit->entry);
-    return hit->exe;
+    return found(Source::Shared, std::move(hit->exe));
   }
+  return nullptr;
+}
+
+pjrt::ExecutablePtr CompileCache::produce(const Digest& key, const std::string& mlir,
+                                          const pjrt::CompileOptions& options, Source* source) {
+  if (auto exe = load_stored(key, options, source)) return exe;
   // One compile per key on this host: other processes wait here, then load.
   std::optional<KeyLock> lock = local_.store && local_.writable
                                     ? local_.store->lock_key(key, config_.lock_timeout_s)
@@ -299,9 +344,11 @@ pjrt::ExecutablePtr CompileCache::produce(const Digest& key, const std::string& 
   if (lock) {
     if (auto hit = load(local_, key, options)) {
       disk_hits_++;
+      if (source) *source = Source::Disk;
       return hit->exe;
     }
   }
+  if (source) *source = Source::Compiled;
   return compile_and_store(key, mlir, options);
 }
 

@@ -49,6 +49,9 @@ struct Stats {
   double load_seconds = 0;     // spent reading and deserializing disk/shared hits
 };
 
+// Where a request's executable came from.
+enum class Source { Memory, Pack, Disk, Shared, Compiled };
+
 class CompileCache {
  public:
   using CompileFn =
@@ -60,7 +63,12 @@ class CompileCache {
 
   // The executable of `mlir_text`: from memory, disk, the shared root, or a
   // compile. Rethrows a failed compile to every requester (never cached).
-  pjrt::ExecutablePtr get(const std::string& mlir_text, const pjrt::CompileOptions& options = {});
+  pjrt::ExecutablePtr get(const std::string& mlir_text, const pjrt::CompileOptions& options = {},
+                          Source* source = nullptr);
+  // The executable if some tier already holds it (waiting for a compile in
+  // flight); null instead of compiling.
+  pjrt::ExecutablePtr find(const std::string& mlir_text, const pjrt::CompileOptions& options = {},
+                           Source* source = nullptr);
   Digest key(const std::string& mlir_text, const pjrt::CompileOptions& options) const;
   Stats stats() const;
   const Config& config() const { return config_; }
@@ -87,7 +95,9 @@ class CompileCache {
   void open_packs();  // once, at the first lookup
   pjrt::ExecutablePtr load_pack(const Digest& key, const pjrt::CompileOptions& options);
   pjrt::ExecutablePtr produce(const Digest& key, const std::string& mlir,
-                              const pjrt::CompileOptions& options);
+                              const pjrt::CompileOptions& options, Source* source);
+  pjrt::ExecutablePtr load_stored(const Digest& key, const pjrt::CompileOptions& options,
+                                  Source* source);
   std::optional<Loaded> load(Tier& tier, const Digest& key, const pjrt::CompileOptions& options);
   pjrt::ExecutablePtr compile_and_store(const Digest& key, const std::string& mlir,
                                         const pjrt::CompileOptions& options);

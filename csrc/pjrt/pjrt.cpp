@@ -849,6 +849,27 @@ std::string encode_compile_options(const CompileOptions& options) {
   // Single-device programs are compiled portable: one executable then runs on
   // any device chosen per call via PJRT_LoadedExecutable_Execute_Args.execute_device.
   if (options.num_replicas == 1 && options.num_partitions == 1) put_varint_field(out, 4, 1);
+  // env_option_overrides (field 7): map<string, OptionOverrideProto>, one
+  // entry (key = 1, value = 2) per override; the plugin applies them to the
+  // DebugOptions it derives from XLA_FLAGS.
+  for (const OptionOverride& o : options.overrides) {
+    std::string value;  // OptionOverrideProto: a oneof of string/bool/int/double
+    if (const auto* s = std::get_if<std::string>(&o.value)) {
+      put_bytes_field(value, 1, *s);
+    } else if (const auto* b = std::get_if<bool>(&o.value)) {
+      put_varint_field(value, 2, *b ? 1 : 0);
+    } else if (const auto* i = std::get_if<int64_t>(&o.value)) {
+      put_varint_field(value, 3, static_cast<uint64_t>(*i));
+    } else {
+      double d = std::get<double>(o.value);
+      put_varint(value, (4 << 3) | 1);  // Wire type 1: 64-bit.
+      value.append(reinterpret_cast<const char*>(&d), sizeof d);
+    }
+    std::string entry;
+    put_bytes_field(entry, 1, o.name);
+    put_bytes_field(entry, 2, value);
+    put_bytes_field(out, 7, entry);
+  }
   return out;
 }
 

@@ -88,9 +88,17 @@ class Buffer {
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
+// One XLA DebugOptions field set for a single compile (by its proto field
+// name, e.g. "xla_backend_optimization_level"), on top of XLA_FLAGS.
+struct OptionOverride {
+  std::string name;
+  std::variant<std::string, bool, int64_t, double> value;
+};
+
 struct CompileOptions {
   int num_replicas = 1;
   int num_partitions = 1;
+  std::vector<OptionOverride> overrides;
 };
 
 class Executable {

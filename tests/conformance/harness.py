@@ -40,6 +40,9 @@ BACKEND_ENV = (
     "TORCHTPU_DEBUG_FUSION",
     "TORCHTPU_DUMP_FUSED",
     "TORCHTPU_FUSED_DONATE",
+    "TORCHTPU_TIERED_COMPILE",
+    "TORCHTPU_TIER_UP_RUNS",
+    "TORCHTPU_COMPILE_THREADS",
 )
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "int64", "int32", "bool", "complex64")

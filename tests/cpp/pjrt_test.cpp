@@ -2,6 +2,7 @@
 #include "pjrt/pjrt.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -373,6 +374,30 @@ TEST(PjrtCompileOptions, GoldenBytes) {
   EXPECT_EQ(hex(encode_compile_options({.num_replicas = 300, .num_partitions = 2})),
             "1a 10 08 ff ff ff ff ff ff ff ff ff 01 20 ac 02 28 02");
   error_of([] { encode_compile_options({.num_replicas = 0}); });
+  // env_option_overrides: field 7, map entry {key = 1: name, value = 2: {int_field = 3}}.
+  EXPECT_EQ(hex(encode_compile_options({.overrides = {{"ab", int64_t{0}}}})),
+            "1a 0f 08 ff ff ff ff ff ff ff ff ff 01 20 01 28 01 20 01 3a 08 0a 02 61 62 12 02 18 "
+            "00");
+  EXPECT_EQ(
+      hex(encode_compile_options({.overrides = {{"a", true}, {"b", std::string("x")}}})),
+      "1a 0f 08 ff ff ff ff ff ff ff ff ff 01 20 01 28 01 20 01 3a 07 0a 01 61 12 02 10 01 3a "
+      "08 0a 01 62 12 03 0a 01 78");
+}
+
+// The plugin applies per-compile overrides: xla_dump_to writes this compile's
+// HLO where it says, and the level-0 program still computes the same sums.
+TEST(PjrtCompileOptions, PluginAppliesOverrides) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("tt_override_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ExecutablePtr exe = cpu_client()->compile(
+      kAddProgram, {.overrides = {{"xla_dump_to", dir.string()},
+                                  {"xla_backend_optimization_level", int64_t{0}}}});
+  expect_add_runs_on(*exe, 0);
+  EXPECT_TRUE(fs::is_directory(dir) && !fs::is_empty(dir)) << dir;
+  fs::remove_all(dir);
+  EXPECT_THROW(cpu_client()->compile(kAddProgram, {.overrides = {{"no_such_xla_option", true}}}),
+               Error);
 }
 
 }  // namespace

@@ -1,0 +1,85 @@
+"""Tiered compiles: a program the cache has no optimized build of is compiled
+quick first, then replaced by the optimized build once it has run a few times
+(compiled in the background). Values change at most in the last bits across
+the swap (none under deterministic algorithms), and the next process finds the
+optimized builds in the disk cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import check_py
+
+# Runs a few ops `runs` times (their programs' results kept per run), waits for
+# the background compiles, runs once more and prints the metrics and whether
+# every run gave the bits of the first.
+SCRIPT = """
+import json, torch, torchtpu
+torchtpu.eager_mode({mode!r})
+torch.use_deterministic_algorithms({deterministic})
+torch.manual_seed(0)
+x = torch.randn(64, 48).to("tpu")
+w = torch.randn(48, 32).to("tpu")
+
+def step():
+    y = torch.softmax(x @ w, -1)
+    return [y, (torch.tanh(x) * 3 + 1).sum(0), torch.cumsum(x, 1), y.argmax(-1)]
+
+def host(vals):
+    return [v.cpu() for v in vals]
+
+first = host(step())
+quick = torchtpu.metrics()["quick_compiles"]
+later = [host(step()) for _ in range({runs})]
+torchtpu._C.wait_tier_ups()
+compiles_before = torchtpu.metrics()["compiles"]
+last = host(step())
+m = torchtpu.metrics()
+pairs = [(a, b) for run in later + [last] for a, b in zip(first, run)]
+same = all(torch.equal(a, b) for a, b in pairs)
+near = all(torch.allclose(a.double(), b.double(), rtol=1e-6, atol=1e-6) for a, b in pairs)
+cpu = [torch.softmax(x.cpu() @ w.cpu(), -1)]
+print(json.dumps(dict(quick_after_first=quick, quick=m["quick_compiles"], tier_ups=m["tier_ups"],
+    tier_up_compiles=m["tier_up_compiles"], compiles=m["compiles"],
+    compiles_after_tier_up=m["compiles"] - compiles_before, same=same, near=near,
+    close=torch.allclose(first[0], cpu[0], rtol=1e-5, atol=1e-6))))
+"""
+
+
+def run(tmp_path, mode="strict", runs=2, env=None, deterministic=False):
+    code = SCRIPT.format(mode=mode, runs=runs, deterministic=deterministic)
+    out = check_py(code, {"TORCHTPU_CACHE_DIR": str(tmp_path), **(env or {})}).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_quick_builds_are_replaced_without_changing_values(tmp_path, mode):
+    m = run(tmp_path, mode)
+    assert m["quick_after_first"] > 0, m
+    assert m["tier_ups"] >= 1 and m["tier_up_compiles"] >= 1, m
+    assert m["near"] and m["close"], m
+    # Background compiles are not counted as the program's compiles.
+    assert m["compiles_after_tier_up"] == 0, m
+
+
+def test_next_process_starts_with_the_optimized_builds(tmp_path):
+    first = run(tmp_path)
+    assert first["quick"] > 0 and first["tier_ups"] > 0, first
+    again = run(tmp_path)
+    assert again["quick"] == 0 and again["compiles"] == 0 and again["tier_ups"] == 0, again
+    assert again["same"], again
+
+
+def test_programs_run_once_are_never_recompiled(tmp_path):
+    m = run(tmp_path, runs=0, env={"TORCHTPU_TIER_UP_RUNS": "3"})
+    assert m["quick"] > 0 and m["tier_ups"] == 0 and m["tier_up_compiles"] == 0, m
+
+
+@pytest.mark.parametrize(
+    "how", [{"env": {"TORCHTPU_TIERED_COMPILE": "0"}}, {"deterministic": True}], ids=["env", "det"]
+)
+def test_off_switches_compile_optimized_at_once(tmp_path, how):
+    m = run(tmp_path, **how)
+    assert m["quick"] == 0 and m["tier_ups"] == 0 and m["compiles"] > 0, m
+    assert m["same"] and m["close"], m
