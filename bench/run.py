@@ -283,7 +283,7 @@ print(json.dumps({"first": cold[0], "next": statistics.median(cold[1:]), "waited
 
 def print_cold_start() -> None:
     """First training step in a fresh process with an empty compile cache, with tiered
-    compiles (quick builds first) and without."""
+    compiles (TORCHTPU_TIERED_COMPILE=1: quick builds first) and without (the default)."""
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
     print(
         "\n| cold start (empty cache) | mode | tiered | first step s | compiles | compile s "

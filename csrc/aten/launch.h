@@ -17,15 +17,15 @@ namespace torchtpu::aten {
 // A compiled program; runners keep their own description of its inputs and
 // outputs in a derived type (program.h's ProgramEntry).
 //
-// Tiered compiles: a program the cache has no optimized build of is first
-// compiled quick (XLA's backend at optimization level 0: less compile time,
-// slower loops, last-bit differences where the optimized build contracts to
-// FMA), so a cold step waits less. Once it has run TORCHTPU_TIER_UP_RUNS times
-// (default 2) the optimized build is compiled on a background thread (after
-// TORCHTPU_TIER_UP_QUIET_MS without foreground compiles) and replaces it; the
-// cache keeps both, so the next process starts optimized.
-// TORCHTPU_TIERED_COMPILE=0, or torch.use_deterministic_algorithms(True),
-// compiles optimized at once.
+// Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a program the cache has
+// no optimized build of is first compiled quick (XLA's backend at optimization
+// level 0: less compile time, slower loops, last-bit differences where the
+// optimized build contracts to FMA), so a cold step waits less. Once it has
+// run TORCHTPU_TIER_UP_RUNS times (default 2) the optimized build is compiled
+// on a background thread (after TORCHTPU_TIER_UP_QUIET_MS without foreground
+// compiles) and replaces it; the cache keeps both, so the next process starts
+// optimized. Under torch.use_deterministic_algorithms(True) programs are
+// compiled optimized at once.
 struct Launchable : std::enable_shared_from_this<Launchable> {
   virtual ~Launchable() = default;
   pjrt::ExecutablePtr exe;  // the first build; replaced by `optimized` once that is set

@@ -1,5 +1,5 @@
-"""Tiered compiles: a program the cache has no optimized build of is compiled
-quick first, then replaced by the optimized build once it has run a few times
+"""Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a program the cache has
+no optimized build of is compiled quick first, then replaced by the optimized build once it has run a few times
 (compiled in the background). Values change at most in the last bits across
 the swap (none under deterministic algorithms), and the next process finds the
 optimized builds in the disk cache."""
@@ -49,7 +49,8 @@ print(json.dumps(dict(quick_after_first=quick, quick=m["quick_compiles"], tier_u
 
 def run(tmp_path, mode="strict", runs=2, env=None, deterministic=False):
     code = SCRIPT.format(mode=mode, runs=runs, deterministic=deterministic)
-    out = check_py(code, {"TORCHTPU_CACHE_DIR": str(tmp_path), **(env or {})}).stdout
+    env = {"TORCHTPU_CACHE_DIR": str(tmp_path), "TORCHTPU_TIERED_COMPILE": "1", **(env or {})}
+    out = check_py(code, env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -77,9 +78,11 @@ def test_programs_run_once_are_never_recompiled(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "how", [{"env": {"TORCHTPU_TIERED_COMPILE": "0"}}, {"deterministic": True}], ids=["env", "det"]
+    "how",
+    [{"env": {"TORCHTPU_TIERED_COMPILE": ""}}, {"deterministic": True}],
+    ids=["default", "deterministic"],
 )
-def test_off_switches_compile_optimized_at_once(tmp_path, how):
+def test_off_by_default_and_under_deterministic_algorithms(tmp_path, how):
     m = run(tmp_path, **how)
     assert m["quick"] == 0 and m["tier_ups"] == 0 and m["compiles"] > 0, m
     assert m["same"] and m["close"], m
