@@ -1,0 +1,259 @@
+"""transformers' own model tests for GPT-2, Llama, BERT and T5, run on tpu through
+transformers' hook for out-of-tree devices (TRANSFORMERS_TEST_DEVICE_SPEC); writes the pass
+rates and every failure, grouped by cause, into docs/ECOSYSTEM.md. A report, not a gate.
+
+    python tests/ecosystem/hf_model_tests.py [--models gpt2 llama bert t5] [--timeout 300]
+    python tests/ecosystem/hf_model_tests.py --tests-dir /path/to/transformers/tests
+
+By default the tests come from the PyPI sdist of the installed transformers version
+(`pip download --no-binary :all:`): it ships tests/test_modeling_common.py (the
+ModelTesterMixin every model's test class inherits) but not tests/models/, so the four
+models' testers (tiny configs and inputs) are tests/ecosystem/hf_models/model_testers.py.
+With --tests-dir (the tests/ folder of a transformers checkout matching the installed
+version) the real tests/models/<model>/test_modeling_<model>.py files run instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+MODELS = ("gpt2", "llama", "bert", "t5")
+# Test classes of model_testers.py per model (T5 has an encoder-only class too).
+CLASSES = {
+    "gpt2": ("GPT2ModelTest",),
+    "llama": ("LlamaModelTest",),
+    "bert": ("BertModelTest",),
+    "t5": ("T5ModelTest", "T5EncoderOnlyModelTest"),
+}
+# Test-only packages test_modeling_common.py imports that are not transformers'
+# dependencies; installed with --target into the work folder, never into the venv.
+TEST_DEPS = ("parameterized==0.9.0", "pytest-timeout==2.4.0")
+# Modules test_modeling_common.py imports from tests/ folders the sdist leaves out; their
+# mixins only add tests (generate, torch.export), so empty ones leave those tests out.
+STAND_INS = {
+    "exporters/test_export.py": "class ExportTesterMixin:\n    pass\n",
+    "generation/test_utils.py": "class GenerationTesterMixin:\n    pass\n",
+}
+SECTION = "## transformers' model tests on tpu"
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
+
+
+def sdist_tree(work: Path, version: str) -> Path:
+    """tests/ of the pinned sdist plus the stand-ins and our testers; returns the root."""
+    sdist = work / f"transformers-{version}.tar.gz"
+    if not sdist.exists():
+        pip("download", "--no-binary", ":all:", "--no-deps", f"transformers=={version}",
+            "-d", str(work))
+    root = work / "tree"
+    shutil.rmtree(root, ignore_errors=True)
+    tests = root / "tests"
+    with tarfile.open(sdist) as tar:
+        prefix = f"transformers-{version}/tests/"
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()]
+        if not any(m.name.endswith("/test_modeling_common.py") for m in members):
+            raise SystemExit(f"{sdist.name} has no tests/test_modeling_common.py; "
+                             "pass --tests-dir")
+        for m in members:
+            m.name = "tests/" + m.name[len(prefix):]
+            tar.extract(m, root, filter="data")
+    for rel, text in STAND_INS.items():
+        path = tests / rel
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    models = tests / "models" / "tpu"
+    models.mkdir(parents=True)
+    for d in (tests, tests / "models", models, tests / "exporters", tests / "generation"):
+        (d / "__init__.py").touch()
+    shutil.copy(HERE / "hf_models" / "model_testers.py", models / "test_models_tpu.py")
+    return root
+
+
+def targets(model: str, tests_dir: Path | None) -> list[str]:
+    if tests_dir is not None:
+        return [f"tests/models/{model}/test_modeling_{model}.py"]
+    return [f"tests/models/tpu/test_models_tpu.py::{c}" for c in CLASSES[model]]
+
+
+def run_model(model: str, root: Path, deps: Path, tests_dir: Path | None, opts) -> dict:
+    xml = root / f"{model}.xml"
+    xml.unlink(missing_ok=True)
+    env = dict(os.environ)
+    env.update(
+        # transformers imports the backend module before it checks the device exists
+        TRANSFORMERS_TEST_BACKEND="torchtpu",
+        TRANSFORMERS_TEST_DEVICE="tpu",
+        # transformers imports the spec by its file name from the working directory
+        TRANSFORMERS_TEST_DEVICE_SPEC="tpu_spec.py",
+        PYTHONPATH=os.pathsep.join([str(root), str(deps),
+                                    env.get("PYTHONPATH", "")]),
+        HF_HUB_OFFLINE="1",
+        TORCHTPU_METRICS_OUT=str(root / f"{model}.metrics.json"),
+    )
+    select = ["-k", opts.keyword] if opts.keyword else []
+    cmd = [sys.executable, "-m", "pytest", *targets(model, tests_dir), *select, "-q", "-rN",
+           "-p", "no:cacheprovider", f"--timeout={opts.timeout}",
+           f"--junitxml={xml}", "-o", "junit_family=xunit1"]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
+                              timeout=opts.suite_timeout, check=False)
+        rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-2000:]
+    except subprocess.TimeoutExpired as e:
+        rc, tail = "timeout", str(e.stdout or "")[-2000:]
+    seconds = time.monotonic() - start
+    cases = parse(xml) if xml.exists() else []
+    metrics_file = root / f"{model}.metrics.json"
+    metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+    print(f"{model}: rc {rc}, {seconds:.0f} s, {len(cases)} tests", flush=True)
+    if not cases:
+        print(tail, file=sys.stderr)
+    command = " ".join(cmd).replace(str(root), "$TREE").replace(sys.executable, "python")
+    return {"model": model, "rc": rc, "seconds": seconds, "cases": cases, "tail": tail,
+            "command": command, "metrics": metrics}
+
+
+def parse(xml: Path) -> list[tuple[str, str, str]]:
+    """(test id, outcome, message) per test case."""
+    out = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = case.find(tag)
+            if el is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                message = el.get("message") or ""
+                # collection errors carry a generic message; the exception is the last E line
+                errors = [ln[1:].strip() for ln in (el.text or "").splitlines()
+                          if ln.startswith("E ")]
+                if errors and (not message or message == "collection failure"):
+                    message = errors[-1]
+                break
+        out.append((name, outcome, message))
+    return out
+
+
+def cause(message: str) -> str:
+    """The failure's exception line without run-specific numbers, to group by."""
+    line = next((ln for ln in message.strip().splitlines() if ln.strip()), "")
+    line = re.sub(r"0x[0-9a-f]+", "0x…", line)
+    line = re.sub(r"\d+\.\d+(e[-+]?\d+)?", "N", line)
+    return line[:300]
+
+
+def report(results: list[dict], version: str, tests_dir: Path | None, opts) -> str:
+    source = (f"the transformers checkout at `{tests_dir}`" if tests_dir else
+              f"the PyPI sdist `transformers-{version}.tar.gz` "
+              "(tests/test_modeling_common.py, transformers' own test bodies) with "
+              "the testers in tests/ecosystem/hf_models/model_testers.py")
+    intro = (
+        "Generated by `make ecosystem` (tests/ecosystem/hf_model_tests.py). transformers "
+        f"{version}, torch {md.version('torch')}; tests from {source}; run with "
+        "`TRANSFORMERS_TEST_BACKEND=torchtpu TRANSFORMERS_TEST_DEVICE=tpu "
+        "TRANSFORMERS_TEST_DEVICE_SPEC=tpu_spec.py` (tests/ecosystem/hf_models/tpu_spec.py: "
+        "device name, manual_seed, empty_cache, device_count), default eager mode, "
+        f"`--timeout={opts.timeout}` per test."
+    )
+    header = ("| model | passed | failed | errors | skipped | pass rate (of run) | wall | "
+              "tpu ops | compiles | CPU fallbacks |")
+    lines = [SECTION, "", intro, "", header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        n = defaultdict(int)
+        for _, outcome, _ in r["cases"]:
+            n[outcome] += 1
+        ran = n["passed"] + n["failed"] + n["error"]
+        m = r["metrics"]
+        rate = f"{100 * n['passed'] / ran:.1f}%" if ran else "-"
+        extra = "" if r["cases"] else f" (no results: rc {r['rc']})"
+        lines.append(f"| {r['model']}{extra} | {n['passed']} | {n['failed']} | {n['error']} | "
+                     f"{n['skipped']} | {rate} | {r['seconds']:.0f} s | {m.get('ops', '-')} | "
+                     f"{m.get('compiles', '-')} | {m.get('fallbacks', '-')} |")
+    fallback_ops = sorted({op for r in results for op in r["metrics"].get("fallback_ops", {})})
+    lines += ["", "Ops that fell back to CPU: " + (", ".join(f"`{o}`" for o in fallback_ops)
+                                                  if fallback_ops else "none") + "."]
+    lines += ["", "### Failures by cause", ""]
+    groups = defaultdict(list)
+    for r in results:
+        for name, outcome, message in r["cases"]:
+            if outcome in ("failed", "error"):
+                groups[cause(message)].append(f"{r['model']}: {name}")
+    if not groups:
+        lines.append("None.")
+    for why, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        lines += [f"- **{len(names)}×** `{why}`", ""]
+        lines += [f"  - {n}" for n in sorted(names)]
+        lines.append("")
+    lines += ["", "### Skips by reason", ""]
+    skips = defaultdict(int)
+    for r in results:
+        for _, outcome, message in r["cases"]:
+            if outcome == "skipped":
+                skips[cause(message)] += 1
+    for why, count in sorted(skips.items(), key=lambda kv: -kv[1]):
+        lines.append(f"- {count}× {why}")
+    lines += ["", ("Commands (run in `$TREE`, the assembled test tree, with "
+                   "`PYTHONPATH=$TREE:<deps>:python`):"), ""]
+    for r in results:
+        lines += ["```", r["command"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: Path, text: str) -> None:
+    old = path.read_text() if path.exists() else ""
+    start = old.find(SECTION)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        nxt = old.find("\n## ", start + len(SECTION))
+        new = old[:start] + text + (old[nxt:] if nxt >= 0 else "")
+    path.write_text(new)
+    print(f"wrote {path}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--tests-dir", type=Path, help="tests/ of a transformers checkout")
+    parser.add_argument("--work", type=Path, default=REPO / "build" / "hf-tests")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per test")
+    parser.add_argument("--suite-timeout", type=int, default=3600, help="seconds per model")
+    parser.add_argument("-k", dest="keyword", help="pytest -k expression (no report written)")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "ECOSYSTEM.md")
+    opts = parser.parse_args()
+
+    version = md.version("transformers")
+    opts.work.mkdir(parents=True, exist_ok=True)
+    deps = opts.work / "deps"
+    if not (deps / "parameterized").exists():
+        pip("install", "--no-deps", "--target", str(deps), *TEST_DEPS)
+    tests_dir = opts.tests_dir.resolve() if opts.tests_dir else None
+    root = tests_dir.parent if tests_dir else sdist_tree(opts.work, version)
+    shutil.copy(HERE / "hf_models" / "tpu_spec.py", root / "tpu_spec.py")
+    # keeps pytest from taking the repository's pyproject.toml as its configuration
+    (root / "pytest.ini").write_text("[pytest]\n")
+    results = [run_model(m, root, deps, tests_dir, opts) for m in opts.models]
+    if not opts.keyword:
+        write_section(opts.out, report(results, version, tests_dir, opts))
+    return 0 if all(r["cases"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
