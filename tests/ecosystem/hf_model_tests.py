@@ -48,7 +48,7 @@ STAND_INS = {
     "exporters/test_export.py": "class ExportTesterMixin:\n    pass\n",
     "generation/test_utils.py": "class GenerationTesterMixin:\n    pass\n",
 }
-SECTION = "## transformers' model tests on tpu"
+SECTION = "## transformers' model tests on tpu ({} eager)"
 
 
 def pip(*args: str) -> None:
@@ -92,21 +92,27 @@ def targets(model: str, tests_dir: Path | None) -> list[str]:
     return [f"tests/models/tpu/test_models_tpu.py::{c}" for c in CLASSES[model]]
 
 
-def run_model(model: str, root: Path, deps: Path, tests_dir: Path | None, opts) -> dict:
-    xml = root / f"{model}.xml"
+def run_model(model: str, device: str, root: Path, deps: Path, tests_dir: Path | None,
+              opts) -> dict:
+    xml = root / f"{model}.{device}.xml"
+    metrics_file = root / f"{model}.metrics.json"
     xml.unlink(missing_ok=True)
+    metrics_file.unlink(missing_ok=True)
     env = dict(os.environ)
     env.update(
-        # transformers imports the backend module before it checks the device exists
-        TRANSFORMERS_TEST_BACKEND="torchtpu",
-        TRANSFORMERS_TEST_DEVICE="tpu",
-        # transformers imports the spec by its file name from the working directory
-        TRANSFORMERS_TEST_DEVICE_SPEC="tpu_spec.py",
-        PYTHONPATH=os.pathsep.join([str(root), str(deps),
-                                    env.get("PYTHONPATH", "")]),
+        TRANSFORMERS_TEST_DEVICE=device,
+        PYTHONPATH=os.pathsep.join([str(root), str(deps), env.get("PYTHONPATH", "")]),
         HF_HUB_OFFLINE="1",
-        TORCHTPU_METRICS_OUT=str(root / f"{model}.metrics.json"),
     )
+    if device == "tpu":
+        env.update(
+            # transformers imports the backend module before it checks the device exists
+            TRANSFORMERS_TEST_BACKEND="torchtpu",
+            # transformers imports the spec by its file name from the working directory
+            TRANSFORMERS_TEST_DEVICE_SPEC="tpu_spec.py",
+            TORCHTPU_METRICS_OUT=str(metrics_file),
+            TORCHTPU_EAGER=opts.eager,
+        )
     select = ["-k", opts.keyword] if opts.keyword else []
     cmd = [sys.executable, "-m", "pytest", *targets(model, tests_dir), *select, "-q", "-rN",
            "-p", "no:cacheprovider", f"--timeout={opts.timeout}",
@@ -119,10 +125,9 @@ def run_model(model: str, root: Path, deps: Path, tests_dir: Path | None, opts) 
     except subprocess.TimeoutExpired as e:
         rc, tail = "timeout", str(e.stdout or "")[-2000:]
     seconds = time.monotonic() - start
-    cases = parse(xml) if xml.exists() else []
-    metrics_file = root / f"{model}.metrics.json"
+    cases = parse(xml) if xml.exists() else {}
     metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
-    print(f"{model}: rc {rc}, {seconds:.0f} s, {len(cases)} tests", flush=True)
+    print(f"{model} on {device}: rc {rc}, {seconds:.0f} s, {len(cases)} tests", flush=True)
     if not cases:
         print(tail, file=sys.stderr)
     command = " ".join(cmd).replace(str(root), "$TREE").replace(sys.executable, "python")
@@ -130,9 +135,9 @@ def run_model(model: str, root: Path, deps: Path, tests_dir: Path | None, opts) 
             "command": command, "metrics": metrics}
 
 
-def parse(xml: Path) -> list[tuple[str, str, str]]:
-    """(test id, outcome, message) per test case."""
-    out = []
+def parse(xml: Path) -> dict[str, tuple[str, str]]:
+    """test id -> (outcome, message); a test failing in call and teardown counts once."""
+    out = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
         outcome, message = "passed", ""
@@ -147,7 +152,8 @@ def parse(xml: Path) -> list[tuple[str, str, str]]:
                 if errors and (not message or message == "collection failure"):
                     message = errors[-1]
                 break
-        out.append((name, outcome, message))
+        if out.get(name, ("passed",))[0] == "passed":
+            out[name] = (outcome, message)
     return out
 
 
@@ -159,7 +165,15 @@ def cause(message: str) -> str:
     return line[:300]
 
 
-def report(results: list[dict], version: str, tests_dir: Path | None, opts) -> str:
+def counts(cases: dict) -> dict:
+    n = defaultdict(int)
+    for outcome, _ in cases.values():
+        n[outcome] += 1
+    return n
+
+
+def report(results: list[tuple[dict, dict | None]], version: str, tests_dir: Path | None,
+           opts) -> str:
     source = (f"the transformers checkout at `{tests_dir}`" if tests_dir else
               f"the PyPI sdist `transformers-{version}.tar.gz` "
               "(tests/test_modeling_common.py, transformers' own test bodies) with "
@@ -169,60 +183,69 @@ def report(results: list[dict], version: str, tests_dir: Path | None, opts) -> s
         f"{version}, torch {md.version('torch')}; tests from {source}; run with "
         "`TRANSFORMERS_TEST_BACKEND=torchtpu TRANSFORMERS_TEST_DEVICE=tpu "
         "TRANSFORMERS_TEST_DEVICE_SPEC=tpu_spec.py` (tests/ecosystem/hf_models/tpu_spec.py: "
-        "device name, manual_seed, empty_cache, device_count), default eager mode, "
-        f"`--timeout={opts.timeout}` per test."
+        "device name, manual_seed, empty_cache, device_count), "
+        f"`TORCHTPU_EAGER={opts.eager}`, `--timeout={opts.timeout}` per test. The same "
+        "tests with `TRANSFORMERS_TEST_DEVICE=cpu` are the reference: a failure that CPU "
+        "shares is the test's or the tester's, not the backend's."
     )
     header = ("| model | passed | failed | errors | skipped | pass rate (of run) | wall | "
-              "tpu ops | compiles | CPU fallbacks |")
-    lines = [SECTION, "", intro, "", header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in results:
-        n = defaultdict(int)
-        for _, outcome, _ in r["cases"]:
-            n[outcome] += 1
+              "CPU: passed / failed+errors / skipped | ops on tpu | executions | "
+              "CPU fallbacks |")
+    lines = [SECTION.format(opts.eager), "", intro, "", header,
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for tpu, cpu in results:
+        n, m = counts(tpu["cases"]), tpu["metrics"]
         ran = n["passed"] + n["failed"] + n["error"]
-        m = r["metrics"]
         rate = f"{100 * n['passed'] / ran:.1f}%" if ran else "-"
-        extra = "" if r["cases"] else f" (no results: rc {r['rc']})"
-        lines.append(f"| {r['model']}{extra} | {n['passed']} | {n['failed']} | {n['error']} | "
-                     f"{n['skipped']} | {rate} | {r['seconds']:.0f} s | {m.get('ops', '-')} | "
-                     f"{m.get('compiles', '-')} | {m.get('fallbacks', '-')} |")
-    fallback_ops = sorted({op for r in results for op in r["metrics"].get("fallback_ops", {})})
+        extra = "" if tpu["cases"] else f" (no results: rc {tpu['rc']})"
+        ref = "-"
+        if cpu is not None:
+            c = counts(cpu["cases"])
+            ref = f"{c['passed']} / {c['failed'] + c['error']} / {c['skipped']}"
+        lines.append(f"| {tpu['model']}{extra} | {n['passed']} | {n['failed']} | "
+                     f"{n['error']} | {n['skipped']} | {rate} | {tpu['seconds']:.0f} s | "
+                     f"{ref} | {m.get('ops', '-')} | {m.get('executions', '-')} | "
+                     f"{m.get('fallbacks', '-')} |")
+    fallback_ops = sorted({op for tpu, _ in results for op in tpu["metrics"].get("fallback_ops",
+                                                                                 {})})
     lines += ["", "Ops that fell back to CPU: " + (", ".join(f"`{o}`" for o in fallback_ops)
                                                   if fallback_ops else "none") + "."]
-    lines += ["", "### Failures by cause", ""]
+    lines += ["", "### Failures on tpu by cause", ""]
     groups = defaultdict(list)
-    for r in results:
-        for name, outcome, message in r["cases"]:
+    for tpu, cpu in results:
+        for name, (outcome, message) in tpu["cases"].items():
             if outcome in ("failed", "error"):
-                groups[cause(message)].append(f"{r['model']}: {name}")
+                on_cpu = cpu["cases"].get(name, ("not run", ""))[0] if cpu else "not run"
+                groups[cause(message)].append(f"{tpu['model']}: {name} (CPU: {on_cpu})")
     if not groups:
         lines.append("None.")
     for why, names in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         lines += [f"- **{len(names)}×** `{why}`", ""]
         lines += [f"  - {n}" for n in sorted(names)]
         lines.append("")
-    lines += ["", "### Skips by reason", ""]
+    lines += ["", "### Skips on tpu by reason", ""]
     skips = defaultdict(int)
-    for r in results:
-        for _, outcome, message in r["cases"]:
+    for tpu, _ in results:
+        for outcome, message in tpu["cases"].values():
             if outcome == "skipped":
                 skips[cause(message)] += 1
     for why, count in sorted(skips.items(), key=lambda kv: -kv[1]):
         lines.append(f"- {count}× {why}")
     lines += ["", ("Commands (run in `$TREE`, the assembled test tree, with "
-                   "`PYTHONPATH=$TREE:<deps>:python`):"), ""]
-    for r in results:
-        lines += ["```", r["command"], "```"]
+                   "`PYTHONPATH=$TREE:<deps>:python`; the CPU reference drops the tpu "
+                   "variables and sets `TRANSFORMERS_TEST_DEVICE=cpu`):"), ""]
+    for tpu, _ in results:
+        lines += ["```", tpu["command"], "```"]
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, text: str) -> None:
+def write_section(path: Path, text: str, section: str) -> None:
     old = path.read_text() if path.exists() else ""
-    start = old.find(SECTION)
+    start = old.find(section)
     if start < 0:
         new = old.rstrip("\n") + "\n\n" + text
     else:
-        nxt = old.find("\n## ", start + len(SECTION))
+        nxt = old.find("\n## ", start + len(section))
         new = old[:start] + text + (old[nxt:] if nxt >= 0 else "")
     path.write_text(new)
     print(f"wrote {path}")
@@ -234,9 +257,12 @@ def main() -> int:
     parser.add_argument("--tests-dir", type=Path, help="tests/ of a transformers checkout")
     parser.add_argument("--work", type=Path, default=REPO / "build" / "hf-tests")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per test")
+    parser.add_argument("--no-cpu", action="store_true", help="skip the CPU reference runs")
+    parser.add_argument("--eager", default="strict", choices=("strict", "debug", "fused"))
     parser.add_argument("--suite-timeout", type=int, default=3600, help="seconds per model")
-    parser.add_argument("-k", dest="keyword", help="pytest -k expression (no report written)")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "ECOSYSTEM.md")
+    parser.add_argument("-k", dest="keyword", help="pytest -k expression")
+    parser.add_argument("--out", type=Path, help="report file (default docs/ECOSYSTEM.md; "
+                        "with -k no report unless given)")
     opts = parser.parse_args()
 
     version = md.version("transformers")
@@ -249,10 +275,15 @@ def main() -> int:
     shutil.copy(HERE / "hf_models" / "tpu_spec.py", root / "tpu_spec.py")
     # keeps pytest from taking the repository's pyproject.toml as its configuration
     (root / "pytest.ini").write_text("[pytest]\n")
-    results = [run_model(m, root, deps, tests_dir, opts) for m in opts.models]
-    if not opts.keyword:
-        write_section(opts.out, report(results, version, tests_dir, opts))
-    return 0 if all(r["cases"] for r in results) else 1
+    results = []
+    for m in opts.models:
+        tpu = run_model(m, "tpu", root, deps, tests_dir, opts)
+        cpu = None if opts.no_cpu else run_model(m, "cpu", root, deps, tests_dir, opts)
+        results.append((tpu, cpu))
+    if opts.out or not opts.keyword:
+        out = opts.out or REPO / "docs" / "ECOSYSTEM.md"
+        write_section(out, report(results, version, tests_dir, opts), SECTION.format(opts.eager))
+    return 0 if all(tpu["cases"] for tpu, _ in results) else 1
 
 
 if __name__ == "__main__":

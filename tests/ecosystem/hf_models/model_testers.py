@@ -16,12 +16,13 @@ from transformers import (
     T5Config,
     is_torch_available,
 )
-from transformers.testing_utils import require_torch
+from transformers.testing_utils import require_torch, torch_device
 
 from ...generation.test_utils import GenerationTesterMixin
 from ...test_modeling_common import ModelTesterMixin, ids_tensor, random_attention_mask
 
 if is_torch_available():
+    import torch
     from transformers import (
         BertForMaskedLM,
         BertForMultipleChoice,
@@ -45,7 +46,6 @@ if is_torch_available():
         T5EncoderModel,
         T5ForConditionalGeneration,
         T5ForQuestionAnswering,
-        T5ForSequenceClassification,
         T5ForTokenClassification,
         T5Model,
     )
@@ -62,7 +62,8 @@ class _Tester:
     num_hidden_layers = 2
     num_attention_heads = 4
     num_choices = 4
-    num_labels = 3
+    # BERT's and T5's question-answering heads are Linear(hidden, num_labels): start and end.
+    num_labels = 2
     pad_token_id = 0
 
     def __init__(self, parent):
@@ -161,7 +162,7 @@ class T5Tester(_Tester):
 
     def prepare_config_and_inputs_for_common(self):
         inputs = self.inputs()
-        # T5's classification heads read the hidden state at the (single) EOS of each row.
+        # each row ends with one EOS, as T5's tokenizer writes it
         inputs["input_ids"] = inputs["input_ids"].clamp(min=2)
         inputs["input_ids"][:, -1] = self.eos_token_id
         inputs["attention_mask"][:, -1] = 1
@@ -172,6 +173,9 @@ class T5Tester(_Tester):
 
 
 class T5EncoderTester(T5Tester):
+    # T5EncoderModel has no loss, so ModelTesterMixin's training tests do not apply.
+    is_training = False
+
     def prepare_config_and_inputs_for_common(self):
         config, inputs = super().prepare_config_and_inputs_for_common()
         config.is_encoder_decoder = False
@@ -235,6 +239,19 @@ class BertModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
     def setUp(self):
         self.model_tester = BertTester(self)
 
+    def _prepare_for_class(self, inputs_dict, model_class, return_labels=False):
+        inputs = super()._prepare_for_class(inputs_dict, model_class, return_labels)
+        if return_labels and model_class is BertForPreTraining:
+            # the pretraining loss needs both its targets: masked tokens and next sentence
+            t = self.model_tester
+            inputs["labels"] = torch.zeros(
+                (t.batch_size, t.seq_length), dtype=torch.long, device=torch_device
+            )
+            inputs["next_sentence_label"] = torch.zeros(
+                t.batch_size, dtype=torch.long, device=torch_device
+            )
+        return inputs
+
 
 @require_torch
 class T5ModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
@@ -243,8 +260,6 @@ class T5ModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
         (
             T5Model,
             T5ForConditionalGeneration,
-            T5ForSequenceClassification,
-            T5ForTokenClassification,
             T5ForQuestionAnswering,
         )
         if is_torch_available()
@@ -257,7 +272,8 @@ class T5ModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
 
 @require_torch
 class T5EncoderOnlyModelTest(ModelTesterMixin, unittest.TestCase):
-    all_model_classes = (T5EncoderModel,) if is_torch_available() else ()
+    # T5ForTokenClassification runs T5's encoder only, like T5EncoderModel.
+    all_model_classes = (T5EncoderModel, T5ForTokenClassification) if is_torch_available() else ()
 
     def setUp(self):
         self.model_tester = T5EncoderTester(self)
