@@ -62,8 +62,8 @@ def sdist_tree(work: Path, version: str) -> Path:
         pip("download", "--no-binary", ":all:", "--no-deps", f"transformers=={version}",
             "-d", str(work))
     root = work / "tree"
-    shutil.rmtree(root, ignore_errors=True)
     tests = root / "tests"
+    shutil.rmtree(tests, ignore_errors=True)
     with tarfile.open(sdist) as tar:
         prefix = f"transformers-{version}/tests/"
         members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()]
@@ -79,7 +79,7 @@ def sdist_tree(work: Path, version: str) -> Path:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     models = tests / "models" / "tpu"
-    models.mkdir(parents=True)
+    models.mkdir(parents=True, exist_ok=True)
     for d in (tests, tests / "models", models, tests / "exporters", tests / "generation"):
         (d / "__init__.py").touch()
     shutil.copy(HERE / "hf_models" / "model_testers.py", models / "test_models_tpu.py")
@@ -94,8 +94,9 @@ def targets(model: str, tests_dir: Path | None) -> list[str]:
 
 def run_model(model: str, device: str, root: Path, deps: Path, tests_dir: Path | None,
               opts) -> dict:
-    xml = root / f"{model}.{device}.xml"
-    metrics_file = root / f"{model}.metrics.json"
+    tag = f"{model}.{device}.{opts.eager}"
+    xml = root / f"{tag}.xml"
+    metrics_file = root / f"{tag}.metrics.json"
     xml.unlink(missing_ok=True)
     metrics_file.unlink(missing_ok=True)
     env = dict(os.environ)
@@ -228,15 +229,49 @@ def report(results: list[tuple[dict, dict | None]], version: str, tests_dir: Pat
     for tpu, _ in results:
         for outcome, message in tpu["cases"].values():
             if outcome == "skipped":
-                skips[cause(message)] += 1
+                # one line per reason, whichever model class it names
+                why = re.sub(r"<class '[\w.]+'>|\b[A-Z]\w*Model\b", "<model>", cause(message))
+                skips[why] += 1
     for why, count in sorted(skips.items(), key=lambda kv: -kv[1]):
         lines.append(f"- {count}× {why}")
+    lines += ["", NOTES]
     lines += ["", ("Commands (run in `$TREE`, the assembled test tree, with "
                    "`PYTHONPATH=$TREE:<deps>:python`; the CPU reference drops the tpu "
                    "variables and sets `TRANSFORMERS_TEST_DEVICE=cpu`):"), ""]
     for tpu, _ in results:
         lines += ["```", tpu["command"], "```"]
     return "\n".join(lines) + "\n"
+
+
+NOTES = """### What runs, and what the failures are
+
+- **Test bodies**: transformers' `ModelTesterMixin` (tests/test_modeling_common.py of the
+  pinned sdist, 121 tests, some parametrized) for every class listed in
+  tests/ecosystem/hf_models/model_testers.py: GPT-2 (base, LM head, sequence/token
+  classification, QA), Llama (the same), BERT (base, LM head, masked LM, multiple choice,
+  next sentence, pretraining, QA, sequence/token classification), T5 (base, conditional
+  generation, QA; encoder-only: base, token classification). Each test builds tiny models on
+  `torch_device` (tpu) and checks outputs, gradients, save/load, SDPA vs eager attention in
+  fp32/fp16/bf16 and so on.
+- **Not run**: the PyPI sdist has no tests/models/ and no tests/generation/ or
+  tests/exporters/, so the model files' own extra tests, `GenerationTesterMixin` (generate)
+  and `ExportTesterMixin` (torch.export) tests are absent (empty stand-ins let
+  test_modeling_common.py import). `--tests-dir <transformers checkout>/tests` runs the real
+  tests/models/*/test_modeling_*.py files instead. Skipped: tests for CUDA-only kernels
+  (Flash Attention 2/3/4, `kernels`), deepspeed, multi-device, MPS, `@slow` (hub
+  checkpoints), and features these models lack.
+- **More tests run on tpu than on CPU**: tests marked `require_torch_accelerator`
+  (fp16/bf16 SDPA-vs-eager, offloading, ...) skip on CPU and run on tpu.
+- **flex attention** (`test_flex_attention_with_grads`): transformers compiles
+  `flex_attention` with `torch.compile`'s default backend, inductor, and torch 2.13's
+  inductor generates Pallas code for a device named `tpu`, importing Google's `torch_tpu`
+  package (as with TorchTitan above). The test is skipped on CPU (it needs an accelerator).
+  Making it pass needs flex attention lowered by TorchTPU itself (its `torch.compile`
+  backend or a decomposition for the `flex_attention` higher-order op): not done.
+- **`T5ModelTest::test_model_base_model_prefix`** fails on CPU the same way: it asserts a
+  generative model's `base_model` is a submodule, and `T5ForConditionalGeneration` has none
+  (it holds encoder and decoder itself). Not a device matter.
+"""
 
 
 def write_section(path: Path, text: str, section: str) -> None:

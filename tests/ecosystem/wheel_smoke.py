@@ -18,7 +18,7 @@ import torchtpu
 here = os.path.dirname(os.path.abspath(torchtpu.__file__))
 assert "site-packages" in here, f"torchtpu imported from {here}, not from the installed wheel"
 print(f"torchtpu {md.version('torchtpu')} from {here}")
-print("requires:", md.requires("torchtpu"))
+print("requires:", [r for r in md.requires("torchtpu") if "extra ==" not in r])
 print(f"torch {torch.__version__}, import {time.monotonic() - start:.1f} s")
 
 x = torch.randn(4, 8)
