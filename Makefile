@@ -81,7 +81,8 @@ ecosystem: build $(EXTRAS)
 	PYTHONPATH=python $(VPY) tests/ecosystem/hf_model_tests.py
 
 # `pip install .` into a new venv (build/wheel-venv), then a first program from outside the
-# tree; a report like `ecosystem` (~15 min on 2 cores: the wheel builds from scratch).
+# tree; a report like `ecosystem` (~15 min on 2 cores: the wheel builds from scratch with
+# JOBS compile jobs).
 wheel-check:
 	PYTHON=$(PYTHON) tests/ecosystem/wheel_check.sh
 

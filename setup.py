@@ -43,4 +43,5 @@ class CMakeBuild(build_ext):
             dest.parent.mkdir(parents=True, exist_ok=True)
             self.copy_file(str(built), str(dest))
 
+
 setup(ext_modules=[Extension("torchtpu._C", sources=[])], cmdclass={"build_ext": CMakeBuild})
