@@ -308,8 +308,9 @@ def main() -> int:
     tests_dir = opts.tests_dir.resolve() if opts.tests_dir else None
     root = tests_dir.parent if tests_dir else sdist_tree(opts.work, version)
     shutil.copy(HERE / "hf_models" / "tpu_spec.py", root / "tpu_spec.py")
-    # keeps pytest from taking the repository's pyproject.toml as its configuration
-    (root / "pytest.ini").write_text("[pytest]\n")
+    if tests_dir is None:
+        # keeps pytest from taking our repository's pyproject.toml as its configuration
+        (root / "pytest.ini").write_text("[pytest]\n")
     results = []
     for m in opts.models:
         tpu = run_model(m, "tpu", root, deps, tests_dir, opts)
