@@ -8,7 +8,7 @@ JOBS   ?= $(shell nproc)
 export TORCHTPU_JOBS := $(JOBS)
 export TORCHTPU_BUILD_TESTS := ON
 
-.PHONY: setup build layers test test-cpp test-py demo demo-pack bench conformance device-tests ecosystem lint format clean
+.PHONY: setup build layers test test-cpp test-py demo demo-pack bench conformance device-tests ecosystem wheel-check lint format clean
 
 setup: $(STAMP)
 
@@ -78,6 +78,13 @@ device-tests: build
 # FSDP2 over 2 ranks); a report: regenerates docs/ECOSYSTEM.md (a few minutes).
 ecosystem: build $(EXTRAS)
 	PYTHONPATH=tests/ecosystem $(VPY) tests/ecosystem/run.py
+	PYTHONPATH=python $(VPY) tests/ecosystem/hf_model_tests.py
+
+# `pip install .` into a new venv (build/wheel-venv), then a first program from outside the
+# tree; a report like `ecosystem` (~15 min on 2 cores: the wheel builds from scratch with
+# JOBS compile jobs).
+wheel-check:
+	PYTHON=$(PYTHON) tests/ecosystem/wheel_check.sh
 
 lint:
 	$(VENV)/bin/ruff check python tests bench examples tools
