@@ -179,65 +179,59 @@ class T5EncoderTester(T5Tester):
     def prepare_config_and_inputs_for_common(self):
         config, inputs = super().prepare_config_and_inputs_for_common()
         config.is_encoder_decoder = False
-        return config, {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+        return config, {
+            "input_ids": inputs["input_ids"],
+            "attention_mask": inputs["attention_mask"],
+        }
+
+
+class OnTpu:
+    """Each suite's tester (tiny config and inputs) comes from its `tester` class."""
+
+    tester = None
+
+    def setUp(self):
+        self.model_tester = self.tester(self)
 
 
 @require_torch
-class GPT2ModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+class GPT2ModelTest(OnTpu, ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    tester = GPT2Tester
     all_model_classes = (
-        (
-            GPT2Model,
-            GPT2LMHeadModel,
-            GPT2ForSequenceClassification,
-            GPT2ForTokenClassification,
-            GPT2ForQuestionAnswering,
-        )
-        if is_torch_available()
-        else ()
+        GPT2Model,
+        GPT2LMHeadModel,
+        GPT2ForSequenceClassification,
+        GPT2ForTokenClassification,
+        GPT2ForQuestionAnswering,
     )
-
-    def setUp(self):
-        self.model_tester = GPT2Tester(self)
 
 
 @require_torch
-class LlamaModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+class LlamaModelTest(OnTpu, ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    tester = LlamaTester
     all_model_classes = (
-        (
-            LlamaModel,
-            LlamaForCausalLM,
-            LlamaForSequenceClassification,
-            LlamaForQuestionAnswering,
-            LlamaForTokenClassification,
-        )
-        if is_torch_available()
-        else ()
+        LlamaModel,
+        LlamaForCausalLM,
+        LlamaForSequenceClassification,
+        LlamaForQuestionAnswering,
+        LlamaForTokenClassification,
     )
-
-    def setUp(self):
-        self.model_tester = LlamaTester(self)
 
 
 @require_torch
-class BertModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+class BertModelTest(OnTpu, ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    tester = BertTester
     all_model_classes = (
-        (
-            BertModel,
-            BertLMHeadModel,
-            BertForMaskedLM,
-            BertForMultipleChoice,
-            BertForNextSentencePrediction,
-            BertForPreTraining,
-            BertForQuestionAnswering,
-            BertForSequenceClassification,
-            BertForTokenClassification,
-        )
-        if is_torch_available()
-        else ()
+        BertModel,
+        BertLMHeadModel,
+        BertForMaskedLM,
+        BertForMultipleChoice,
+        BertForNextSentencePrediction,
+        BertForPreTraining,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
     )
-
-    def setUp(self):
-        self.model_tester = BertTester(self)
 
     def _prepare_for_class(self, inputs_dict, model_class, return_labels=False):
         inputs = super()._prepare_for_class(inputs_dict, model_class, return_labels)
@@ -254,26 +248,18 @@ class BertModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
 
 
 @require_torch
-class T5ModelTest(ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+class T5ModelTest(OnTpu, ModelTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    tester = T5Tester
     is_encoder_decoder = True
     all_model_classes = (
-        (
-            T5Model,
-            T5ForConditionalGeneration,
-            T5ForQuestionAnswering,
-        )
-        if is_torch_available()
-        else ()
+        T5Model,
+        T5ForConditionalGeneration,
+        T5ForQuestionAnswering,
     )
-
-    def setUp(self):
-        self.model_tester = T5Tester(self)
 
 
 @require_torch
-class T5EncoderOnlyModelTest(ModelTesterMixin, unittest.TestCase):
+class T5EncoderOnlyModelTest(OnTpu, ModelTesterMixin, unittest.TestCase):
+    tester = T5EncoderTester
     # T5ForTokenClassification runs T5's encoder only, like T5EncoderModel.
-    all_model_classes = (T5EncoderModel, T5ForTokenClassification) if is_torch_available() else ()
-
-    def setUp(self):
-        self.model_tester = T5EncoderTester(self)
+    all_model_classes = (T5EncoderModel, T5ForTokenClassification)
