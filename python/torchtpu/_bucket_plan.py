@@ -596,7 +596,10 @@ class Planner:
             self.actions[node] = mean
         return self._store(self._reduced(lay, dims, keepdim))
 
-    def _var_std(self, node, op, b, std: bool, with_mean: bool):
+    @bucket_rule("var", "std", "var_mean", "std_mean")
+    def _var_std(self, node, op, b):
+        name = op.overloadpacket.__name__
+        std, with_mean = name.startswith("std"), name.endswith("_mean")
         x = b["self"][1]
         lay = self.L(x)
         dims = self._dims(b, len(lay))
@@ -625,22 +628,6 @@ class Planner:
 
             self.actions[node] = var
         return [out, out] if with_mean else out
-
-    @bucket_rule("var")
-    def _var(self, node, op, b):
-        return self._var_std(node, op, b, False, False)
-
-    @bucket_rule("std")
-    def _std(self, node, op, b):
-        return self._var_std(node, op, b, True, False)
-
-    @bucket_rule("var_mean")
-    def _var_mean(self, node, op, b):
-        return self._var_std(node, op, b, False, True)
-
-    @bucket_rule("std_mean")
-    def _std_mean(self, node, op, b):
-        return self._var_std(node, op, b, True, True)
 
     @bucket_rule("linalg_vector_norm")
     def _linalg_vector_norm(self, node, op, b):
