@@ -159,3 +159,42 @@ def test_cholesky_ex_info_and_lu_singular(eager):
     _, _, info = LA.lu_factor_ex(s.to("tpu"))
     assert info.item() == LA.lu_factor_ex(s)[2].item()
     assert_tpu_close(LA.det(s.to("tpu")), LA.det(s))
+
+
+# matrix_exp follows the CPU's algorithm and rounding: its float32 error grows with
+# ||A|| through the squarings (OpInfo's samples, uniform in [-9, 9], are off by ~1e-2
+# at 1e5), far past the default tolerance unless the same roundings happen on tpu.
+MEXP_NORMS = {  # one 1-norm per Taylor degree of each dtype, then scaling and squaring
+    torch.float32: [1e-8, 1e-4, 1e-2, 0.3, 1.2, 2.5, 7.0],
+    torch.float64: [1e-17, 1e-9, 1e-4, 0.03, 0.2, 0.8, 7.0],
+}
+
+
+def _mexp_inputs(dtype, n=4):
+    g = torch.Generator().manual_seed(0)
+    big = torch.rand(8, 5, 5, generator=g, dtype=dtype) * 18 - 9
+    x = torch.randn(len(MEXP_NORMS[dtype]), n, n, generator=g, dtype=dtype)
+    norms = torch.tensor(MEXP_NORMS[dtype], dtype=dtype)[:, None, None]
+    return [big, big[3], x / x.abs().sum(-2).amax(-1)[:, None, None] * norms]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matrix_exp_matches_cpu_rounding(dtype, eager):
+    for a in _mexp_inputs(dtype):
+        # torch.testing's default tolerance (conftest's float32 default is looser)
+        tol = {"rtol": 1.3e-6, "atol": 1e-5} if dtype == torch.float32 else {}
+        assert_tpu_close(LA.matrix_exp(a.to("tpu")), LA.matrix_exp(a), **tol)
+
+
+def test_matrix_exp_large_and_backward(eager):
+    # n >= 8 multiplies with dot (another summation order): close, not bitwise
+    for a in [_mexp_inputs(torch.float32, n=9)[2], torch.randn(2, 12, 12)]:
+        assert_tpu_close(LA.matrix_exp(a.to("tpu")), LA.matrix_exp(a), rtol=1e-5, atol=1e-5)
+    # the gradient is a matrix_exp of a [2n, 2n] block matrix
+    a = torch.randn(2, 4, 4, requires_grad=True)
+    d = a.detach().to("tpu").requires_grad_(True)
+    g = torch.randn(2, 4, 4)
+    (ga,) = torch.autograd.grad(LA.matrix_exp(a), a, g)
+    (gd,) = torch.autograd.grad(LA.matrix_exp(d), d, g.to("tpu"))
+    assert_tpu_close(gd, ga, **TOL)
+
