@@ -198,3 +198,61 @@ def test_matrix_exp_large_and_backward(eager):
     (gd,) = torch.autograd.grad(LA.matrix_exp(d), d, g.to("tpu"))
     assert_tpu_close(gd, ga, **TOL)
 
+
+# eigh / svd: values against the CPU; vectors against the CPU's up to a unit factor per
+# column (a sign, or a phase when complex), which LAPACK picks by its own algorithm.
+EIG_TOL = {
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    torch.complex64: {"rtol": 1e-5, "atol": 1e-5},
+    torch.float64: {"rtol": 1e-10, "atol": 1e-10},
+    torch.complex128: {"rtol": 1e-10, "atol": 1e-10},
+}
+
+
+def _assert_same_columns(v, ve, **tol):
+    v = v.detach().cpu()
+    ph = (ve.conj() * v).sum(-2, keepdim=True)
+    torch.testing.assert_close(v * (ph.conj() / ph.abs()), ve, **tol)
+
+
+@pytest.mark.parametrize("uplo", ["L", "U"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.complex128])
+def test_eigh_matches_cpu(dtype, uplo, eager):
+    a = torch.randn(2, 5, 5, dtype=dtype)  # only the UPLO triangle is read
+    if dtype.is_complex:
+        a.diagonal(dim1=-2, dim2=-1).imag.fill_(0.5)  # ignored, as by LAPACK
+    w, v = LA.eigh(a.to("tpu"), UPLO=uplo)
+    we, ve = LA.eigh(a, UPLO=uplo)
+    assert_tpu_close(w, we, **EIG_TOL[dtype])
+    _assert_same_columns(v, ve, **EIG_TOL[dtype])
+    assert_tpu_close(LA.eigvalsh(a.to("tpu"), UPLO=uplo), we, **EIG_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_eigh_backward(dtype, eager):
+    x = torch.randn(4, 4, dtype=dtype)
+    x = x + x.mH
+    wts = torch.randn(4, 4)
+
+    def loss(a):
+        w, v = LA.eigh(a)  # a loss that no sign or phase of the vectors changes
+        return (w * torch.arange(1.0, 5.0, device=a.device)).sum() + (
+            v.abs() ** 2 * wts.to(a.device)
+        ).sum()
+
+    a = x.clone().requires_grad_(True)
+    d = x.to("tpu").requires_grad_(True)
+    (ga,) = torch.autograd.grad(loss(a), a)
+    (gd,) = torch.autograd.grad(loss(d), d)
+    assert_tpu_close(gd, ga, **TOL)
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (2, 3, 5)])
+def test_svd_complex_matches_cpu(shape, eager):
+    a = torch.randn(*shape, dtype=torch.complex64)
+    u, s, vh = LA.svd(a.to("tpu"), full_matrices=False)
+    ue, se, vhe = LA.svd(a, full_matrices=False)
+    assert_tpu_close(s, se, **TOL)
+    _assert_same_columns(u, ue, **TOL)
+    _assert_same_columns(vh.mH, vhe.mH, **TOL)
+    assert_tpu_close(LA.svdvals(a.to("tpu")), se, **TOL)
