@@ -256,3 +256,49 @@ def test_svd_complex_matches_cpu(shape, eager):
     _assert_same_columns(u, ue, **TOL)
     _assert_same_columns(vh.mH, vhe.mH, **TOL)
     assert_tpu_close(LA.svdvals(a.to("tpu")), se, **TOL)
+
+
+# ldl_factor: LAPACK's compact LD and pivots (Bunch-Kaufman, 2x2 blocks as negative pairs);
+# complex inputs are complex symmetric (hermitian=False, the default)
+def _ldl_inputs(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 6, 6, generator=g, dtype=dtype)
+    pd = x @ x.mT + torch.eye(6, dtype=dtype)
+    singular = torch.zeros(4, 4, dtype=dtype)
+    singular[2, 2] = 1.0
+    return {
+        "indefinite_2x2_pivots": x + x.mT,
+        "pd": pd,
+        "general_lower_read": x[0],
+        "singular": singular,
+        "one": torch.randn(1, 1, generator=g, dtype=dtype),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_ldl_factor_matches_cpu(dtype, eager):
+    tol = EIG_TOL[dtype]
+    for name, a in _ldl_inputs(dtype).items():
+        ld, piv, info = LA.ldl_factor_ex(a.to("tpu"))
+        ld_e, piv_e, info_e = LA.ldl_factor_ex(a)
+        assert torch.equal(piv.cpu(), piv_e), name
+        assert torch.equal(info.cpu(), info_e), name
+        assert_tpu_close(ld, ld_e, **tol)
+    a = _ldl_inputs(dtype)["indefinite_2x2_pivots"]
+    assert (LA.ldl_factor(a)[1] < 0).any()  # the rows above do exercise 2x2 blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_ldl_solve_matches_cpu(dtype, eager):
+    a = _ldl_inputs(dtype)["indefinite_2x2_pivots"]
+    ld, piv = LA.ldl_factor(a)
+    # B broadcasts to LD's batch (the CPU kernel crashes when LD would broadcast to B's)
+    for rhs in [torch.randn(3, 6, 2, dtype=dtype), torch.randn(6, 4, dtype=dtype)]:
+        x = LA.ldl_solve(ld.to("tpu"), piv.to("tpu"), rhs.to("tpu"))
+        assert_tpu_close(x, LA.ldl_solve(ld, piv, rhs), rtol=1e-4, atol=1e-4)
+
+
+def test_ldl_factor_complex_hermitian_is_an_error():
+    a = torch.randn(3, 3, dtype=torch.complex64)
+    with pytest.raises((RuntimeError, NotImplementedError), match="ldl_factor"):
+        LA.ldl_factor(a.to("tpu"), hermitian=True)
