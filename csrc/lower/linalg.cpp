@@ -3,6 +3,7 @@
 // inverse, determinants, lu_unpack/lu_solve; cross products; matrix_exp.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -372,40 +373,173 @@ TPU_LOWERING(linalg_cross) {
   });
 }
 
+// matrix_exp follows the CPU kernel step for step so that float32 results
+// carry the same rounding (its error grows with ||A|| through the squarings,
+// well past the comparison tolerance for OpInfo's [-9, 9] matrices): the
+// optimized Taylor polynomials of degree 1, 2, 4, 8, 12 or 18 picked per matrix
+// by its 1-norm (Bader, Blanes and Casas 2019), scaling and squaring above the
+// degree-18 bound, all in the input's dtype.
+struct Mexp {
+  bool f32;  // the CPU's float32 constants (else float64)
+  // True at run time (the norm is not NaN), unknown to the compiler. Products
+  // are multiplied by a 1 it selects, and coefficients come through it, so
+  // that XLA:CPU can neither contract a product and the add after it into an
+  // FMA (one rounding fewer than the CPU's multiply-then-add) nor reassociate
+  // a constant factor to the end. Real dtypes only.
+  std::optional<Ex> live;
+
+  double rd(double v) const { return f32 ? static_cast<double>(static_cast<float>(v)) : v; }
+  Ex mul(const Ex& x, const Ex& y) const { return live ? (x * y) * konst(x, 1) : x * y; }
+  Ex konst(const Ex& like, double c) const {
+    return live ? where(*live, like.k(c), like.k(-c)) : like.k(c);
+  }
+
+  // Products in the CPU's order: for n <= 7 its kernel sums k = 0..n-1 one
+  // term at a time (measured bitwise equal); larger n go to dot.
+  Ex mm(const Ex& x, const Ex& y) const {
+    Builder& b = *x.b;
+    const Shape& s = x.v.shape();
+    int64_t r = x.v.rank(), n = s.back();
+    if (n > 7) return Ex(b, matmul(b, x.v, y.v, x.v.dtype()));
+    Ex acc = x;
+    for (int64_t k = 0; k < n; ++k) {
+      Shape st(r, 0), xl = s, yl = s;
+      st[r - 1] = k;
+      xl[r - 1] = k + 1;
+      Value xc = b.slice(x.v, st, xl, Shape(r, 1));
+      st[r - 1] = 0;
+      st[r - 2] = k;
+      yl[r - 2] = k + 1;
+      Value yr = b.slice(y.v, st, yl, Shape(r, 1));
+      Ex t = mul(Ex(b, broadcast_to(b, xc, s)), Ex(b, broadcast_to(b, yr, s)));
+      acc = k == 0 ? t : acc + t;
+    }
+    return acc;
+  }
+  // sum_j c[j] * m[j], left to right from zero (the CPU's linear combination).
+  Ex comb(const std::vector<Ex>& m, const std::vector<double>& c) const {
+    Ex acc = m[0].k(0);
+    for (size_t j = 0; j < c.size(); ++j) acc = acc + mul(m[j], konst(m[j], rd(c[j])));
+    return acc;
+  }
+
+  Ex t4(const std::vector<Ex>& p) const {  // p = {I, A, A^2}
+    Ex q = mm(p[2], comb(p, {1 / 2.0, 1 / 6.0, 1 / 24.0}));
+    return comb({p[0], p[1], p[2], q}, {1, 1, 0, 1});
+  }
+  Ex t8(const std::vector<Ex>& p) const {
+    double r177 = rd(0.1330413469565007072504e+2), x3 = rd(2. / 3.);
+    double x1 = x3 * ((1. + r177) / 88.), x2 = x3 * ((1. + r177) / 352.);
+    double x4 = (-271. + 29. * r177) / (315. * x3), x5 = (-11. + 11. * r177) / (1260. * x3);
+    double x6 = (-99. + 11. * r177) / (5040. * x3), x7 = (89. - r177) / (5040. * x3);
+    double y2 = (857. - 58. * r177) / 630.;
+    Ex a4 = mm(p[2], comb({p[1], p[2]}, {x1, x2}));
+    Ex a8 = mm(comb({p[2], a4}, {x3, 1}), comb({p[0], p[1], p[2], a4}, {x4, x5, x6, x7}));
+    return comb({p[0], p[1], p[2], a4, a8}, {1, 1, y2, 0, 1});
+  }
+  Ex t12(const std::vector<Ex>& p) const {  // p = {I, A, A^2, A^3}
+    const double c[4][4] = {
+        {9.0198e-16, 0.46932117595418237389, -0.20099424927047284052, -0.04623946134063071740},
+        {5.31597895759871264183, 1.19926790417132231573, 0.01179296240992997031,
+         0.01108844528519167989},
+        {0.18188869982170434744, 0.05502798439925399070, 0.09351590770535414968,
+         0.00610700528898058230},
+        {-2.0861320e-13, -0.13181061013830184015, -0.02027855540589259079,
+         -0.00675951846863086359}};
+    std::vector<Ex> q;
+    for (const auto& row : c) q.push_back(comb(p, {row, row + 4}));
+    Ex q2 = q[2] + mm(q[3], q[3]);
+    return q[0] + mm(q[1] + q2, q2);
+  }
+  Ex t18(const std::vector<Ex>& p) const {  // p = {I, A, A^2, A^3, A^6}
+    const double c[5][5] = {
+        {0., -1.00365581030144618291e-01, -8.02924648241156932449e-03, -8.92138498045729985177e-04,
+         0.},
+        {0., 3.97849749499645077844e-01, 1.36783778460411720168e+00, 4.98289622525382669416e-01,
+         -6.37898194594723280150e-04},
+        {-1.09676396052962061844e+01, 1.68015813878906206114e+00, 5.71779846478865511061e-02,
+         -6.98210122488052056106e-03, 3.34975017086070470649e-05},
+        {-9.04316832390810593223e-02, -6.76404519071381882256e-02, 6.75961301770459654925e-02,
+         2.95552570429315521194e-02, -1.39180257516060693404e-05},
+        {0., 0., -9.23364619367118555360e-02, -1.69364939002081722752e-02,
+         -1.40086798182036094347e-05}};
+    std::vector<Ex> q;
+    for (const auto& row : c) q.push_back(comb(p, {row, row + 5}));
+    Ex q3 = q[3] + mm(q[0], q[4]);
+    return q[1] + mm(q[2] + q3, q3);
+  }
+};
+
+// 2^s for integral s >= 0 (f64 [..]), exactly, as a value of real dtype t.
+Ex exp2_int(const Ex& s, DType t) {
+  Builder& b = *s.b;
+  bool f32 = t == DType::F32;
+  Ex e = minimum(s, s.k(f32 ? 127 : 1023)) + (f32 ? 127.0 : 1023.0);
+  DType it = f32 ? DType::I32 : DType::I64;
+  Ex bits(b, b.convert(e.v, it));
+  bits = bits.bin("shift_left", bits.k(f32 ? 23 : 52));
+  return Ex(b, b.bitcast_convert(bits.v, t));
+}
+
 TPU_LOWERING(linalg_matrix_exp) {
-  // linalg_matrix_exp: Taylor series (degree 18, f64) of A / 2^s with
-  // ||A / 2^s||_inf <= 1/2, then s squarings (per matrix, in a while loop).
   reg("linalg_matrix_exp", [](Ctx& c) -> V {
     Builder& b = c.b;
-    DType t = compute_dtype(c.out(0).dtype);
-    Ex a(b, b.convert(c.in(0), DType::F64));
+    DType out = c.out(0).dtype;
+    DType t = compute_dtype(out);  // half types compute in float32
+    DType rt = real_part_dtype(t);
+    if (c.in(0).type.numel() == 0) return {b.splat(0, c.out(0))};
+    Ex a(b, b.convert(c.in(0), t));
     const Shape& s = a.v.shape();
     int64_t r = a.v.rank();
-    if (a.v.type.numel() == 0) return {b.splat(0, c.out(0))};
+    Mexp m{rt == DType::F32, std::nullopt};
+    const double th32[6] = {1.192092800768788e-07, 5.978858893805233e-04, 5.116619363445086e-02,
+                            5.800524627688768e-01, 1.461661507209034e+00, 3.010066362817634e+00};
+    const double th64[6] = {2.220446049250313e-16, 2.580956802971767e-08, 3.397168839976962e-04,
+                            4.991228871115323e-02, 2.996158913811580e-01, 1.090863719290036e+00};
+    const double* th = m.f32 ? th32 : th64;
+    // 1-norm (largest column sum), [..., 1, 1].
+    Ex col(b, reduce_sum(b, a.un("abs").v, {r - 2}, true));
+    Ex nrm(b, b.reduce(col.v, b.constant(-INFINITY, rt), {r - 1}, Reducer::Max));
+    Shape ns = batch_of(s);
+    ns.insert(ns.end(), {1, 1});
+    nrm = Ex(b, b.reshape(nrm.v, ns));
     Ex rows(b, b.iota(Type{DType::I64, s}, r - 2)), cols(b, b.iota(Type{DType::I64, s}, r - 1));
     Ex eye = where(rows.cmp(Cmp::EQ, cols), a.k(1), a.k(0));
-    Ex rowsum(b, reduce_sum(b, a.un("abs").v, {r - 1}, true));
-    Ex nrm(b, b.reduce(rowsum.v, b.constant(0, DType::F64), {r - 2}, Reducer::Max));
-    Shape ns = nrm.v.shape();
-    ns.push_back(1);
-    nrm = Ex(b, b.reshape(nrm.v, ns));  // [..., 1, 1]
-    Ex sq = maximum((nrm.un("log") * (1.0 / std::log(2.0))).un("ceil") + 1.0, nrm.k(0));
-    sq = minimum(sq, sq.k(1100));
-    Ex x = a / sq.k(2).bin("power", sq);
-    Ex e = eye;
-    for (int k = 18; k >= 1; --k)
-      e = eye + Ex(b, matmul(b, x.v, e.v, DType::F64)) / static_cast<double>(k);
+    if (!is_complex(t)) m.live = nrm.cmp(Cmp::EQ, nrm);
+    // Low degrees on A itself.
+    Ex a2 = m.mm(a, a), a3 = m.mm(a, a2);
+    std::vector<Ex> low;
+    low.push_back(m.comb({eye, a}, {1, 1}));
+    low.push_back(m.comb({eye, a, m.mul(a2, m.konst(a2, 0.5))}, {1, 1, 1}));
+    low.push_back(m.t4({eye, a, a2}));
+    low.push_back(m.t8({eye, a, a2}));
+    low.push_back(m.t12({eye, a, a2, a3}));
+    // Degree 18 on A / 2^s, then s squarings per matrix.
+    // ceil(log2(.)) in f64, exact at powers of two (of the f32 ratio too).
+    Ex sq(b, b.convert((nrm / m.rd(th[5])).v, DType::F64));
+    sq = sq.un("log") * (1.0 / std::log(2.0)) - (m.f32 ? 1e-9 : 1e-12);
+    sq = maximum(sq.un("ceil"), sq.k(0));
+    sq = where(sq.cmp(Cmp::EQ, sq), sq, sq.k(0));  // NaN norm: no squaring
+    Ex x = a / Ex(b, b.convert(exp2_int(sq, rt).v, t));
+    Ex x2 = m.mm(x, x), x3 = m.mm(x, x2);
+    Ex e = m.t18({eye, x, x2, x3, m.mm(x3, x3)});
     Ex smax(b,
             b.reduce(sq.v, b.constant(0, DType::F64), reduce_dims({}, sq.v.rank()), Reducer::Max));
-    std::vector<Value> out = b.while_loop(
+    std::vector<Value> loop = b.while_loop(
         {b.constant(0, DType::F64), e.v},
         [&](const V& st) { return Ex(b, st[0]).cmp(Cmp::LT, smax).v; },
         [&](const V& st) {
-          Ex j(b, st[0]), m(b, st[1]);
-          Ex m2(b, matmul(b, m.v, m.v, DType::F64));
-          return V{(j + 1.0).v, where(j.cmp(Cmp::LT, sq), m2, m).v};
+          Ex j(b, st[0]), mm(b, st[1]);
+          return V{(j + 1.0).v, where(j.cmp(Cmp::LT, sq), m.mm(mm, mm), mm).v};
         });
-    return {b.convert(out[1], t)};
+    Ex res(b, loop[1]);
+    Ex ge = nrm.cmp(Cmp::GE, nrm.k(m.rd(th[4])));
+    for (int i = 4; i >= 0; --i) {
+      Ex in = nrm.cmp(Cmp::LE, nrm.k(m.rd(th[i])));
+      if (i > 0) in = in.bin("and", nrm.cmp(Cmp::GT, nrm.k(m.rd(th[i - 1]))));
+      res = where(in.bin("and", ge.un("not")), low[i], res);
+    }
+    return {b.convert(res.v, out)};
   });
 }
 

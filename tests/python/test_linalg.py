@@ -159,3 +159,146 @@ def test_cholesky_ex_info_and_lu_singular(eager):
     _, _, info = LA.lu_factor_ex(s.to("tpu"))
     assert info.item() == LA.lu_factor_ex(s)[2].item()
     assert_tpu_close(LA.det(s.to("tpu")), LA.det(s))
+
+
+# matrix_exp follows the CPU's algorithm and rounding: its float32 error grows with
+# ||A|| through the squarings (OpInfo's samples, uniform in [-9, 9], are off by ~1e-2
+# at 1e5), far past the default tolerance unless the same roundings happen on tpu.
+MEXP_NORMS = {  # one 1-norm per Taylor degree of each dtype, then scaling and squaring
+    torch.float32: [1e-8, 1e-4, 1e-2, 0.3, 1.2, 2.5, 7.0],
+    torch.float64: [1e-17, 1e-9, 1e-4, 0.03, 0.2, 0.8, 7.0],
+}
+
+
+def _mexp_inputs(dtype, n=4):
+    g = torch.Generator().manual_seed(0)
+    big = torch.rand(8, 5, 5, generator=g, dtype=dtype) * 18 - 9
+    x = torch.randn(len(MEXP_NORMS[dtype]), n, n, generator=g, dtype=dtype)
+    norms = torch.tensor(MEXP_NORMS[dtype], dtype=dtype)[:, None, None]
+    return [big, big[3], x / x.abs().sum(-2).amax(-1)[:, None, None] * norms]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matrix_exp_matches_cpu_rounding(dtype, eager):
+    for a in _mexp_inputs(dtype):
+        # torch.testing's default tolerance (conftest's float32 default is looser)
+        tol = {"rtol": 1.3e-6, "atol": 1e-5} if dtype == torch.float32 else {}
+        assert_tpu_close(LA.matrix_exp(a.to("tpu")), LA.matrix_exp(a), **tol)
+
+
+def test_matrix_exp_large_and_backward(eager):
+    # n >= 8 multiplies with dot (another summation order): close, not bitwise
+    for a in [_mexp_inputs(torch.float32, n=9)[2], torch.randn(2, 12, 12)]:
+        assert_tpu_close(LA.matrix_exp(a.to("tpu")), LA.matrix_exp(a), rtol=1e-5, atol=1e-5)
+    # the gradient is a matrix_exp of a [2n, 2n] block matrix
+    a = torch.randn(2, 4, 4, requires_grad=True)
+    d = a.detach().to("tpu").requires_grad_(True)
+    g = torch.randn(2, 4, 4)
+    (ga,) = torch.autograd.grad(LA.matrix_exp(a), a, g)
+    (gd,) = torch.autograd.grad(LA.matrix_exp(d), d, g.to("tpu"))
+    assert_tpu_close(gd, ga, **TOL)
+
+
+# eigh / svd: values against the CPU; vectors against the CPU's up to a unit factor per
+# column (a sign, or a phase when complex), which LAPACK picks by its own algorithm.
+EIG_TOL = {
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    torch.complex64: {"rtol": 1e-5, "atol": 1e-5},
+    torch.float64: {"rtol": 1e-10, "atol": 1e-10},
+    torch.complex128: {"rtol": 1e-10, "atol": 1e-10},
+}
+
+
+def _assert_same_columns(v, ve, **tol):
+    v = v.detach().cpu()
+    ph = (ve.conj() * v).sum(-2, keepdim=True)
+    torch.testing.assert_close(v * (ph.conj() / ph.abs()), ve, **tol)
+
+
+@pytest.mark.parametrize("uplo", ["L", "U"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.complex128])
+def test_eigh_matches_cpu(dtype, uplo, eager):
+    a = torch.randn(2, 5, 5, dtype=dtype)  # only the UPLO triangle is read
+    if dtype.is_complex:
+        a.diagonal(dim1=-2, dim2=-1).imag.fill_(0.5)  # ignored, as by LAPACK
+    w, v = LA.eigh(a.to("tpu"), UPLO=uplo)
+    we, ve = LA.eigh(a, UPLO=uplo)
+    assert_tpu_close(w, we, **EIG_TOL[dtype])
+    _assert_same_columns(v, ve, **EIG_TOL[dtype])
+    assert_tpu_close(LA.eigvalsh(a.to("tpu"), UPLO=uplo), we, **EIG_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_eigh_backward(dtype, eager):
+    x = torch.randn(4, 4, dtype=dtype)
+    x = x + x.mH
+    wts = torch.randn(4, 4)
+
+    def loss(a):
+        w, v = LA.eigh(a)  # a loss that no sign or phase of the vectors changes
+        return (w * torch.arange(1.0, 5.0, device=a.device)).sum() + (
+            v.abs() ** 2 * wts.to(a.device)
+        ).sum()
+
+    a = x.clone().requires_grad_(True)
+    d = x.to("tpu").requires_grad_(True)
+    (ga,) = torch.autograd.grad(loss(a), a)
+    (gd,) = torch.autograd.grad(loss(d), d)
+    assert_tpu_close(gd, ga, **TOL)
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (2, 3, 5)])
+def test_svd_complex_matches_cpu(shape, eager):
+    a = torch.randn(*shape, dtype=torch.complex64)
+    u, s, vh = LA.svd(a.to("tpu"), full_matrices=False)
+    ue, se, vhe = LA.svd(a, full_matrices=False)
+    assert_tpu_close(s, se, **TOL)
+    _assert_same_columns(u, ue, **TOL)
+    _assert_same_columns(vh.mH, vhe.mH, **TOL)
+    assert_tpu_close(LA.svdvals(a.to("tpu")), se, **TOL)
+
+
+# ldl_factor: LAPACK's compact LD and pivots (Bunch-Kaufman, 2x2 blocks as negative pairs);
+# complex inputs are complex symmetric (hermitian=False, the default)
+def _ldl_inputs(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 6, 6, generator=g, dtype=dtype)
+    pd = x @ x.mT + torch.eye(6, dtype=dtype)
+    singular = torch.zeros(4, 4, dtype=dtype)
+    singular[2, 2] = 1.0
+    return {
+        "indefinite_2x2_pivots": x + x.mT,
+        "pd": pd,
+        "general_lower_read": x[0],
+        "singular": singular,
+        "one": torch.randn(1, 1, generator=g, dtype=dtype),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_ldl_factor_matches_cpu(dtype, eager):
+    tol = EIG_TOL[dtype]
+    for name, a in _ldl_inputs(dtype).items():
+        ld, piv, info = LA.ldl_factor_ex(a.to("tpu"))
+        ld_e, piv_e, info_e = LA.ldl_factor_ex(a)
+        assert torch.equal(piv.cpu(), piv_e), name
+        assert torch.equal(info.cpu(), info_e), name
+        assert_tpu_close(ld, ld_e, **tol)
+    a = _ldl_inputs(dtype)["indefinite_2x2_pivots"]
+    assert (LA.ldl_factor(a)[1] < 0).any()  # the rows above do exercise 2x2 blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+def test_ldl_solve_matches_cpu(dtype, eager):
+    a = _ldl_inputs(dtype)["indefinite_2x2_pivots"]
+    ld, piv = LA.ldl_factor(a)
+    # B broadcasts to LD's batch (the CPU kernel crashes when LD would broadcast to B's)
+    for rhs in [torch.randn(3, 6, 2, dtype=dtype), torch.randn(6, 4, dtype=dtype)]:
+        x = LA.ldl_solve(ld.to("tpu"), piv.to("tpu"), rhs.to("tpu"))
+        assert_tpu_close(x, LA.ldl_solve(ld, piv, rhs), rtol=1e-4, atol=1e-4)
+
+
+def test_ldl_factor_complex_hermitian_is_an_error():
+    a = torch.randn(3, 3, dtype=torch.complex64)
+    with pytest.raises((RuntimeError, NotImplementedError), match="ldl_factor"):
+        LA.ldl_factor(a.to("tpu"), hermitian=True)
