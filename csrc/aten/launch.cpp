@@ -157,21 +157,20 @@ class TierUps {
         queue_.pop_front();
         busy_++;
       }
-      if (e) {
-        wait_for_quiet();
-        promote(*e);
-      }
+      if (e && wait_for_quiet()) promote(*e);
       std::lock_guard<std::mutex> lock(mu_);
       busy_--;
       if (queue_.empty() && busy_ == 0) idle_.notify_all();
     }
   }
-  void wait_for_quiet() {
+  // False when the process is exiting (nothing more is compiled).
+  bool wait_for_quiet() {
     static const int64_t quiet_ns = int64_t{env_int("TORCHTPU_TIER_UP_QUIET_MS", 300)} * 1000000;
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
+      if (stopping_) return false;
       int64_t left = last_foreground_compile_ns.load() + quiet_ns - now_ns();
-      if (left <= 0 || stopping_) return;
+      if (left <= 0) return true;
       quiet_.wait_for(lock, std::chrono::nanoseconds(left));
     }
   }
@@ -191,7 +190,7 @@ class TierUps {
       e.tier.store(Launchable::Promoted, std::memory_order_release);
       metrics().tier_ups++;
     } catch (const std::exception& err) {
-      // The quick build stays; it computes the same values.
+      // The quick build stays: the same program, with slower loops.
       static std::once_flag warned;
       std::call_once(warned, [&] {
         std::fprintf(stderr, "[tpu] an optimized recompile failed; keeping the quick build: %s\n",
