@@ -132,11 +132,7 @@ void device_copy(const at::Tensor& src, const at::Tensor& dst) {
   auto& ds = device_storage(dst.storage());
   if (ss.device != ds.device) {
     // Across devices: through the host (one client, no peer copies needed here).
-    at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
-    auto buf = dense_buffer(src);
-    TraceScope trace("torchtpu::to_host", static_cast<int64_t>(host.nbytes()));
-    buf->to_host(host.data_ptr(), host.nbytes());
-    metrics().bytes_to_host += static_cast<int64_t>(host.nbytes());
+    at::Tensor host = download(*dense_buffer(src), src);
     host_to_device(host.expand(dst.sizes()).to(dst.scalar_type()).contiguous(), dst);
     return;
   }
@@ -172,13 +168,7 @@ void host_to_device(const at::Tensor& src, const at::Tensor& dst) {
   TORCH_INTERNAL_ASSERT(src.is_contiguous() && src.sizes() == dst.sizes());
   auto& st = device_storage(dst.storage());
   int64_t dims[1] = {src.numel()};
-  pjrt::BufferPtr buf;
-  {
-    TraceScope trace("torchtpu::to_device", static_cast<int64_t>(src.nbytes()));
-    buf = client().buffer_from_host(src.data_ptr(), to_dtype(src.scalar_type()), dims, st.device);
-  }
-  metrics().bytes_to_device += static_cast<int64_t>(src.nbytes());
-  write_dense(dst, buf);
+  write_dense(dst, upload(src.data_ptr(), to_dtype(src.scalar_type()), dims, st.device));
 }
 
 void resize_storage(const c10::Storage& storage, size_t nbytes) {

@@ -81,12 +81,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   } else {
     // Device -> host: a real sync point.
     metrics().host_syncs++;
-    auto buf = dense_buffer(self, "to_cpu");
-    at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
-    TraceScope trace("torchtpu::to_host", static_cast<int64_t>(host.nbytes()));
-    buf->to_host(host.data_ptr(), host.nbytes());
-    metrics().bytes_to_host += static_cast<int64_t>(host.nbytes());
-    const_cast<at::Tensor&>(dst).copy_(host);
+    const_cast<at::Tensor&>(dst).copy_(download(*dense_buffer(self, "to_cpu"), self));
   }
   return dst;
 }

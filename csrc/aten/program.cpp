@@ -437,9 +437,7 @@ pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device) {
       sub < 0 ? v.toTensor()
               : (v.isTensorList() ? v.toTensorList().get(sub) : v.toList().get(sub).toTensor());
   t = t.contiguous();
-  metrics().bytes_to_device += static_cast<int64_t>(t.nbytes());
-  TraceScope trace("torchtpu::to_device", static_cast<int64_t>(t.nbytes()));
-  return client().buffer_from_host(t.data_ptr(), to_dtype(t.scalar_type()), t.sizes(), device);
+  return upload(t.data_ptr(), to_dtype(t.scalar_type()), t.sizes(), device);
 }
 
 std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_t first, size_t n) {

@@ -380,12 +380,26 @@ void storage_resized(DeviceStorage& st, size_t nbytes) {
   st.nbytes = nbytes;
 }
 
+pjrt::BufferPtr upload(const void* data, DType dtype, std::span<const int64_t> dims, int device) {
+  int64_t nbytes = itemsize(dtype);
+  for (int64_t d : dims) nbytes *= d;
+  metrics().bytes_to_device += nbytes;
+  TraceScope trace("torchtpu::to_device", nbytes);
+  return client().buffer_from_host(data, dtype, dims, device);
+}
+
+at::Tensor download(const pjrt::Buffer& buf, const at::Tensor& like) {
+  at::Tensor host = at::empty(like.sizes(), like.options().device(c10::kCPU));
+  TraceScope trace("torchtpu::to_host", static_cast<int64_t>(host.nbytes()));
+  buf.to_host(host.data_ptr(), host.nbytes());
+  metrics().bytes_to_host += static_cast<int64_t>(host.nbytes());
+  return host;
+}
+
 pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device) {
   std::vector<unsigned char> zeros(static_cast<size_t>(n) * itemsize(dtype), 0);
   int64_t dims[1] = {n};
-  metrics().bytes_to_device += static_cast<int64_t>(zeros.size());
-  TraceScope trace("torchtpu::to_device", static_cast<int64_t>(zeros.size()));
-  return client().buffer_from_host(zeros.data(), dtype, dims, device);
+  return upload(zeros.data(), dtype, dims, device);
 }
 
 at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,

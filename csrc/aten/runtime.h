@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -62,6 +63,10 @@ void reset_peak_memory(int device);
 void reset_accumulated_memory(int device);
 // Accounts a storage's size change (resize_).
 void storage_resized(DeviceStorage& st, size_t nbytes);
+// Host <-> device transfers, counted in metrics() and traced for the profiler.
+pjrt::BufferPtr upload(const void* data, DType dtype, std::span<const int64_t> dims, int device);
+// A new CPU tensor with `like`'s sizes and options holding `buf` (a host sync).
+at::Tensor download(const pjrt::Buffer& buf, const at::Tensor& like);
 // Zero-initialized storage buffer of `nbytes` with element type `dtype`.
 pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device);
 // New contiguous tpu tensor owning `buf` (rank-1, numel elements).

@@ -179,9 +179,7 @@ pjrt::ExecutablePtr CompileCache::get(const std::string& mlir_text,
       pending = it->second.exe;
       lru_.splice(lru_.begin(), lru_, it->second.use);
     } else {
-      lru_.push_front(mkey);
-      memory_.emplace(mkey, Resident{promise.get_future().share(), lru_.begin()});
-      trim_memory();
+      remember(mkey, promise.get_future().share());
     }
   }
   if (pending.valid()) {
@@ -229,12 +227,14 @@ pjrt::ExecutablePtr CompileCache::find(const std::string& mlir_text,
   std::promise<pjrt::ExecutablePtr> ready;
   ready.set_value(exe);
   std::lock_guard<std::mutex> lock(mu_);
-  if (memory_.count(mkey) == 0) {  // else a concurrent request got there first
-    lru_.push_front(mkey);
-    memory_.emplace(mkey, Resident{ready.get_future().share(), lru_.begin()});
-    trim_memory();
-  }
+  if (memory_.count(mkey) == 0) remember(mkey, ready.get_future().share());  // else a racer did
   return exe;
+}
+
+void CompileCache::remember(const std::string& mkey, std::shared_future<pjrt::ExecutablePtr> exe) {
+  lru_.push_front(mkey);
+  memory_.emplace(mkey, Resident{std::move(exe), lru_.begin()});
+  trim_memory();
 }
 
 // Drops the least recently used ready executables over the limit; callers

@@ -120,6 +120,8 @@ class CompileCache {
     std::list<std::string>::iterator use;  // position in lru_
   };
   void trim_memory();  // under mu_
+  // Makes `exe` the memory tier's entry of `mkey`, most recently used (under mu_).
+  void remember(const std::string& mkey, std::shared_future<pjrt::ExecutablePtr> exe);
 
   std::mutex mu_;
   std::unordered_map<std::string, Resident> memory_;
