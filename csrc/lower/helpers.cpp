@@ -215,6 +215,27 @@ Ex where(const Ex& pred, const Ex& x, const Ex& y) {
                         broadcast_to(b, y.v, s)));
 }
 
+Ex iota_along(Builder& b, const Shape& s, int64_t dim) {
+  return Ex(b, b.iota(Type{DType::I64, s}, dim < 0 ? dim + static_cast<int64_t>(s.size()) : dim));
+}
+
+Ex sum_keep(const Ex& x, int64_t dim) {
+  return Ex(*x.b, reduce_sum(*x.b, x.v, {dim < 0 ? dim + x.v.rank() : dim}, true));
+}
+
+Ex swap_last(const Ex& x) {
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < x.v.rank(); ++i) perm.push_back(i);
+  std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+  return Ex(*x.b, x.b->transpose(x.v, perm));
+}
+
+Shape with_batch(const Shape& batch, std::initializer_list<int64_t> tail) {
+  Shape s = batch;
+  s.insert(s.end(), tail);
+  return s;
+}
+
 Value contract(Builder& b, Value x, int64_t d, Value m, int64_t md) {
   Value y = b.dot_general(x, m, {}, {}, {d}, {md}, x.dtype());
   // dot_general puts m's free dim last; move it back to position d.

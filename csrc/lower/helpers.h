@@ -83,6 +83,15 @@ Ex minimum(const Ex& x, const Ex& y);
 Ex where(const Ex& pred, const Ex& x, const Ex& y);
 // Scalar constant with the given dtype, rank 0.
 inline Ex scalar(Builder& b, double c, DType t) { return Ex(b, b.constant(c, t)); }
+// Matrix helpers (dims may count from the end when negative).
+// The index along `dim` of every element of shape s (i64).
+Ex iota_along(Builder& b, const Shape& s, int64_t dim);
+// Sum over `dim`, kept as size 1.
+Ex sum_keep(const Ex& x, int64_t dim);
+// x with its last two dims swapped.
+Ex swap_last(const Ex& x);
+// The batch dims followed by `tail`.
+Shape with_batch(const Shape& batch, std::initializer_list<int64_t> tail);
 
 // Contracts x's dim `d` with m's dim `md` (a matrix applied along one axis),
 // keeping x's dim order: the result has m's free dim at position d.

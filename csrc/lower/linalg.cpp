@@ -19,33 +19,15 @@ using hlo::Reducer;
 using V = std::vector<Value>;
 
 Shape batch_of(const Shape& s) { return Shape(s.begin(), s.end() - 2); }
-Shape with_batch(const Shape& batch, std::initializer_list<int64_t> tail) {
-  Shape s = batch;
-  s.insert(s.end(), tail);
-  return s;
-}
 // x [..., r, c] with its batch dims broadcast to `batch`.
 Ex to_batch(const Ex& x, const Shape& batch) {
   const Shape& s = x.v.shape();
   return Ex(*x.b, broadcast_to(*x.b, x.v, with_batch(batch, {s[s.size() - 2], s.back()})));
 }
-Ex idx(Builder& b, const Shape& s, int64_t dim) {
-  return Ex(b, b.iota(Type{DType::I64, s}, dim < 0 ? dim + static_cast<int64_t>(s.size()) : dim));
-}
-Ex sum(const Ex& x, int64_t dim) {
-  int64_t d = dim < 0 ? dim + x.v.rank() : dim;
-  return Ex(*x.b, reduce_sum(*x.b, x.v, {d}, true));
-}
-Ex swap_last(const Ex& x) {
-  std::vector<int64_t> perm;
-  for (int64_t i = 0; i < x.v.rank(); ++i) perm.push_back(i);
-  std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
-  return Ex(*x.b, x.b->transpose(x.v, perm));
-}
 // Keeps the lower (or upper) triangle, k = 0 the diagonal included.
 Ex triangle(const Ex& x, bool lower, int64_t k = 0) {
   const Shape& s = x.v.shape();
-  Ex r = idx(*x.b, s, -2), c = idx(*x.b, s, -1);
+  Ex r = iota_along(*x.b, s, -2), c = iota_along(*x.b, s, -1);
   Ex keep = lower ? (c - r).cmp(Cmp::LE, r.k(static_cast<double>(k)))
                   : (c - r).cmp(Cmp::GE, r.k(static_cast<double>(k)));
   return where(keep, x, x.k(0));
@@ -57,7 +39,7 @@ Ex tri_solve(const Ex& a, const Ex& rhs, bool left, bool lower, bool unit, bool 
 Ex ones_where(const Ex& pred, DType t);
 Ex eye(Builder& b, const Shape& batch, int64_t n, DType t) {
   Shape s = with_batch(batch, {n, n});
-  return ones_where(idx(b, s, -2).cmp(Cmp::EQ, idx(b, s, -1)), t);
+  return ones_where(iota_along(b, s, -2).cmp(Cmp::EQ, iota_along(b, s, -1)), t);
 }
 
 struct LU {
@@ -71,9 +53,10 @@ LU lu_factor(const Ex& a) {
   Shape batch = batch_of(s);
   int64_t m = s[s.size() - 2], n = s.back(), kk = std::min(m, n);
   Shape ps = with_batch(batch, {kk});
-  Ex rows = idx(b, s, -2), cols = idx(b, s, -1);
-  Ex rows1 = idx(b, with_batch(batch, {m, 1}), -2), cols1 = idx(b, with_batch(batch, {1, n}), -1);
-  Ex pidx = idx(b, ps, -1);
+  Ex rows = iota_along(b, s, -2), cols = iota_along(b, s, -1);
+  Ex rows1 = iota_along(b, with_batch(batch, {m, 1}), -2),
+     cols1 = iota_along(b, with_batch(batch, {1, n}), -1);
+  Ex pidx = iota_along(b, ps, -1);
   Value piv0 = b.splat(0, Type{DType::I32, ps}), info0 = b.splat(0, Type{DType::I32, batch});
   Value k0 = b.constant_int(0, DType::I64);
   std::vector<Value> out = b.while_loop(
@@ -83,15 +66,15 @@ LU lu_factor(const Ex& a) {
       },
       [&](const V& st) {
         Ex k(b, st[0]), x(b, st[1]), piv(b, st[2]), info(b, st[3]);
-        Ex colk = sum(where(cols.cmp(Cmp::EQ, k), x, x.k(0)), -1);  // [..., m, 1]
+        Ex colk = sum_keep(where(cols.cmp(Cmp::EQ, k), x, x.k(0)), -1);  // [..., m, 1]
         Ex cand = where(rows1.cmp(Cmp::GE, k), colk.un("abs"), colk.k(-1));
         Ex p(b, b.reshape(b.reduce_arg(cand.v, cand.v.rank() - 2, true).second,
                           with_batch(batch, {1, 1})));
-        Ex rowk = sum(where(rows.cmp(Cmp::EQ, k), x, x.k(0)), -2);  // [..., 1, n]
-        Ex rowp = sum(where(rows.cmp(Cmp::EQ, p), x, x.k(0)), -2);
+        Ex rowk = sum_keep(where(rows.cmp(Cmp::EQ, k), x, x.k(0)), -2);  // [..., 1, n]
+        Ex rowp = sum_keep(where(rows.cmp(Cmp::EQ, p), x, x.k(0)), -2);
         Ex x1 = where(rows.cmp(Cmp::EQ, k), rowp, where(rows.cmp(Cmp::EQ, p), rowk, x));
-        Ex pivot = sum(where(cols1.cmp(Cmp::EQ, k), rowp, rowp.k(0)), -1);  // [..., 1, 1]
-        Ex col = sum(where(cols.cmp(Cmp::EQ, k), x1, x1.k(0)), -1);
+        Ex pivot = sum_keep(where(cols1.cmp(Cmp::EQ, k), rowp, rowp.k(0)), -1);  // [..., 1, 1]
+        Ex col = sum_keep(where(cols.cmp(Cmp::EQ, k), x1, x1.k(0)), -1);
         Ex zero = pivot.cmp(Cmp::EQ, pivot.k(0));
         Ex l = where(zero, col.k(0), col / pivot);
         Ex below = rows.cmp(Cmp::GT, k);
@@ -127,7 +110,7 @@ Ex pivots_to_perm(const Ex& piv, int64_t m) {
   const Shape& s = piv.v.shape();
   Shape ps(s.begin(), s.end() - 1);
   ps.push_back(m);
-  Ex pos = idx(b, ps, -1), perm = pos;
+  Ex pos = iota_along(b, ps, -1), perm = pos;
   Ex pv = piv.to(DType::I64) - 1.0;
   for (int64_t i = 0; i < s.back(); ++i) {
     Shape st(s.size(), 0), lim = s;
@@ -135,7 +118,8 @@ Ex pivots_to_perm(const Ex& piv, int64_t m) {
     lim.back() = i + 1;
     Ex pi(b, b.slice(pv.v, st, lim, Shape(s.size(), 1)));  // [..., 1]
     Ex is_i = pos.cmp(Cmp::EQ, pos.k(static_cast<double>(i))), is_p = pos.cmp(Cmp::EQ, pi);
-    Ex at_i = sum(where(is_i, perm, perm.k(0)), -1), at_p = sum(where(is_p, perm, perm.k(0)), -1);
+    Ex at_i = sum_keep(where(is_i, perm, perm.k(0)), -1),
+       at_p = sum_keep(where(is_p, perm, perm.k(0)), -1);
     perm = where(is_i, at_p, where(is_p, at_i, perm));
   }
   return perm;
@@ -146,7 +130,7 @@ Ex permute_rows(const Ex& x, const Ex& perm) {
   int64_t m = x.v.shape()[x.v.rank() - 2];
   Shape ps(x.v.shape().begin(), x.v.shape().end() - 1);
   ps.push_back(m);  // [..., i, j]: 1 where j == perm[i]
-  Ex pm = ones_where(idx(b, ps, -1).cmp(Cmp::EQ, unsq(perm, -1)), x.v.dtype());
+  Ex pm = ones_where(iota_along(b, ps, -1).cmp(Cmp::EQ, unsq(perm, -1)), x.v.dtype());
   return Ex(b, matmul(b, pm.v, x.v, x.v.dtype()));
 }
 // Solves A X = B (or A^T X = B when `adjoint`) from A's LU factors; b [..., n, c].
@@ -163,7 +147,7 @@ Ex lu_solve_left(const Ex& lu, const Ex& piv, const Ex& rhs, bool adjoint) {
   Builder& b = *lu.b;
   Shape ps(z.v.shape().begin(), z.v.shape().end() - 1);
   ps.push_back(n);  // [..., r, i]: 1 where perm[i] == r
-  Ex pm = ones_where(idx(b, ps, -2).cmp(Cmp::EQ, unsq(perm, -2)), z.v.dtype());
+  Ex pm = ones_where(iota_along(b, ps, -2).cmp(Cmp::EQ, unsq(perm, -2)), z.v.dtype());
   return Ex(b, matmul(b, pm.v, z.v, z.v.dtype()));
 }
 Ex lu_solve(const Ex& lu, const Ex& piv, const Ex& rhs, bool left, bool adjoint) {
@@ -174,7 +158,7 @@ Ex lu_solve(const Ex& lu, const Ex& piv, const Ex& rhs, bool left, bool adjoint)
 // Number of actual row swaps is odd.
 Ex odd_swaps(const Ex& piv) {
   Builder& b = *piv.b;
-  Ex pos = idx(b, piv.v.shape(), -1);
+  Ex pos = iota_along(b, piv.v.shape(), -1);
   Ex moved = (piv.to(DType::I64) - 1.0).cmp(Cmp::NE, pos).to(DType::I64);
   Ex cnt(b, b.reduce(moved.v, b.constant_int(0, DType::I64), {moved.v.rank() - 1}, Reducer::Add));
   return cnt.bin("remainder", cnt.k(2)).cmp(Cmp::EQ, cnt.k(1));
@@ -182,7 +166,7 @@ Ex odd_swaps(const Ex& piv) {
 Ex diag(const Ex& x) {
   Builder& b = *x.b;
   const Shape& s = x.v.shape();
-  Ex d = where(idx(b, s, -2).cmp(Cmp::EQ, idx(b, s, -1)), x, x.k(0));
+  Ex d = where(iota_along(b, s, -2).cmp(Cmp::EQ, iota_along(b, s, -1)), x, x.k(0));
   Ex r(b, b.reduce(d.v, reduce_init(b, Reducer::Add, x.v.dtype()), {x.v.rank() - 1}, Reducer::Add));
   int64_t k = std::min(s[s.size() - 2], s.back());
   if (r.v.shape().back() == k) return r;
@@ -229,7 +213,7 @@ TPU_LOWERING(linalg_triangular) {
     Ex d = diag(l);
     Ex bad = d.cmp(Cmp::GT, d.k(0)).un("not");  // NaN counts as failed
     int64_t n = d.v.shape().back();
-    Ex pos = idx(c.b, d.v.shape(), -1) + 1.0;
+    Ex pos = iota_along(c.b, d.v.shape(), -1) + 1.0;
     Ex first(c.b,
              c.b.reduce(where(bad, pos, pos.k(static_cast<double>(n + 1))).v,
                         c.b.constant_int(INT64_MAX, DType::I64), {d.v.rank() - 1}, Reducer::Min));
@@ -277,12 +261,12 @@ TPU_LOWERING(linalg_lu) {
     l = Ex(c.b, c.b.slice(l.v, Shape(s.size(), 0), with_batch(batch, {m, k}), Shape(s.size(), 1)));
     u = Ex(c.b, c.b.slice(u.v, Shape(s.size(), 0), with_batch(batch, {k, n}), Shape(s.size(), 1)));
     Shape ls = l.v.shape();
-    l = where(idx(c.b, ls, -2).cmp(Cmp::EQ, idx(c.b, ls, -1)), l.k(1), l);
+    l = where(iota_along(c.b, ls, -2).cmp(Cmp::EQ, iota_along(c.b, ls, -1)), l.k(1), l);
     Ex perm = pivots_to_perm(piv, m);
     Shape ps = with_batch(batch, {m, m});
     // P[perm[i], i] = 1
     Ex pr(c.b, c.b.reshape(perm.v, with_batch(batch, {1, m})));
-    Ex p = ones_where(idx(c.b, ps, -2).cmp(Cmp::EQ, pr), lu.v.dtype());
+    Ex p = ones_where(iota_along(c.b, ps, -2).cmp(Cmp::EQ, pr), lu.v.dtype());
     return {p, l, u};
   };
   reg("lu_unpack", [unpack](Ctx& c) -> V {

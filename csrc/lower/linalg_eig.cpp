@@ -19,18 +19,9 @@ using V = std::vector<Value>;
 
 constexpr int kSweeps = 12;
 
-Ex idx(Builder& b, const Shape& s, int64_t dim) {
-  return Ex(b, b.iota(Type{DType::I64, s}, dim < 0 ? dim + static_cast<int64_t>(s.size()) : dim));
-}
 std::vector<int64_t> last_two(int64_t r) { return {r - 2, r - 1}; }
 // The f64 (c128 for complex) working dtype.
 DType wide(DType t) { return is_complex(t) ? DType::C128 : DType::F64; }
-Ex swap_last(const Ex& x) {
-  std::vector<int64_t> perm;
-  for (int64_t i = 0; i < x.v.rank(); ++i) perm.push_back(i);
-  std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
-  return Ex(*x.b, x.b->transpose(x.v, perm));
-}
 Ex adjoint(const Ex& x) { return conj(swap_last(x)); }
 Ex real_of(const Ex& x) { return is_complex(x.v.dtype()) ? x.un("real") : x; }
 Ex mm(const Ex& x, const Ex& y) { return Ex(*x.b, matmul(*x.b, x.v, y.v, x.v.dtype())); }
@@ -42,7 +33,7 @@ std::pair<Ex, Ex> eigh_jacobi(Ex a) {
   const Shape s = a.v.shape();
   int64_t r = a.v.rank(), n = s.back();
   bool cplx = is_complex(a.v.dtype());
-  Ex rows = idx(b, s, -2), cols = idx(b, s, -1);
+  Ex rows = iota_along(b, s, -2), cols = iota_along(b, s, -1);
   Ex eye = where(rows.cmp(Cmp::EQ, cols), a.k(1), a.k(0));
   if (n > 1) {
     auto i64 = [&](int64_t v) { return Ex(b, b.constant_int(v, DType::I64)); };
@@ -115,7 +106,7 @@ std::pair<Ex, Ex> eigh_jacobi(Ex a) {
 Ex symmetrize(const Ex& a, bool lower) {
   Builder& b = *a.b;
   const Shape& s = a.v.shape();
-  Ex rows = idx(b, s, -2), cols = idx(b, s, -1);
+  Ex rows = iota_along(b, s, -2), cols = iota_along(b, s, -1);
   Ex keep = lower ? cols.cmp(Cmp::LE, rows) : cols.cmp(Cmp::GE, rows);
   Ex t = where(keep, a, a.k(0));
   Ex diag = is_complex(a.v.dtype()) ? Ex(b, b.complex(t.un("real").v, t.un("real").k(0).v)) : t;

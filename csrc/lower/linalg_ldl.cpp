@@ -19,19 +19,7 @@ using hlo::Cmp;
 using hlo::Reducer;
 using V = std::vector<Value>;
 
-Ex iota(Builder& b, const Shape& s, int64_t dim) {
-  return Ex(b, b.iota(Type{DType::I64, s}, static_cast<int64_t>(s.size()) + dim));
-}
-Shape with_tail(const Shape& batch, std::initializer_list<int64_t> tail) {
-  Shape s = batch;
-  s.insert(s.end(), tail);
-  return s;
-}
-// Sum / max of x over dim (negative), keeping it as size 1.
-Ex ksum(const Ex& x, int64_t dim) {
-  int64_t d = x.v.rank() + dim;
-  return Ex(*x.b, reduce_sum(*x.b, x.v, {d}, true));
-}
+// Max of x over dim (negative), kept as size 1.
 Ex kmax(const Ex& x, int64_t dim) {
   Builder& b = *x.b;
   int64_t d = x.v.rank() + dim;
@@ -56,12 +44,12 @@ Ldl ldl_factor(const Ex& a0) {
   const Shape& s = a0.v.shape();
   int64_t r = a0.v.rank(), n = s.back();
   Shape batch(s.begin(), s.end() - 2);
-  Shape b11 = with_tail(batch, {1, 1}), bn1 = with_tail(batch, {n, 1}),
-        b1n = with_tail(batch, {1, n});
-  Ex R = iota(b, s, -2), C = iota(b, s, -1);
-  Ex ri = iota(b, bn1, -2), cj = iota(b, b1n, -1);
-  Shape pbs = with_tail(batch, {n});
-  Ex pidx = iota(b, pbs, -1);
+  Shape b11 = with_batch(batch, {1, 1}), bn1 = with_batch(batch, {n, 1}),
+        b1n = with_batch(batch, {1, n});
+  Ex R = iota_along(b, s, -2), C = iota_along(b, s, -1);
+  Ex ri = iota_along(b, bn1, -2), cj = iota_along(b, b1n, -1);
+  Shape pbs = with_batch(batch, {n});
+  Ex pidx = iota_along(b, pbs, -1);
   Ex lower = C.cmp(Cmp::LE, R);
   Ex a = where(lower, a0, a0.k(0));
   // Alpha as LAPACK computes it in the working precision.
@@ -69,7 +57,7 @@ Ldl ldl_factor(const Ex& a0) {
   Ex k0(b, b.splat(0, Type{DType::I64, b11}));
   Value piv0 = b.splat(0, Type{DType::I32, pbs}), info0 = b.splat(0, Type{DType::I32, batch});
   auto to_row = [&](const Ex& col) { return Ex(b, b.reshape(col.v, b1n)); };
-  auto to_b = [&](const Ex& x) { return Ex(b, b.reshape(x.v, with_tail(batch, {1}))); };
+  auto to_b = [&](const Ex& x) { return Ex(b, b.reshape(x.v, with_batch(batch, {1}))); };
   std::vector<Value> out = b.while_loop(
       {k0.v, a.v, piv0, info0},
       [&](const V& st) {
@@ -81,10 +69,11 @@ Ldl ldl_factor(const Ex& a0) {
         Ex k(b, st[0]), x(b, st[1]), piv(b, st[2]), info(b, st[3]);
         Ex active = k.cmp(Cmp::LT, k.k(static_cast<double>(n)));
         auto at = [&](const Ex& m, const Ex& i, const Ex& j) {  // m[i, j], [..., 1, 1]
-          return ksum(ksum(where(both(R.cmp(Cmp::EQ, i), C.cmp(Cmp::EQ, j)), m, m.k(0)), -1), -2);
+          return sum_keep(
+              sum_keep(where(both(R.cmp(Cmp::EQ, i), C.cmp(Cmp::EQ, j)), m, m.k(0)), -1), -2);
         };
         auto col = [&](const Ex& m, const Ex& j) {
-          return ksum(where(C.cmp(Cmp::EQ, j), m, m.k(0)), -1);
+          return sum_keep(where(C.cmp(Cmp::EQ, j), m, m.k(0)), -1);
         };
         // Pivot choice.
         Ex absakk = cabs1(at(x, k, k));
@@ -94,7 +83,7 @@ Ldl ldl_factor(const Ex& a0) {
         auto [cmv, cmi] = b.reduce_arg(cand.v, r - 2, true);
         Ex colmax(b, b.reshape(cmv, b11)), imax(b, b.reshape(cmi, b11));
         colmax = maximum(colmax, colmax.k(0));
-        Ex row_im = ksum(where(R.cmp(Cmp::EQ, imax), x, x.k(0)), -2);  // x[imax, :]
+        Ex row_im = sum_keep(where(R.cmp(Cmp::EQ, imax), x, x.k(0)), -2);  // x[imax, :]
         Ex ra = cabs1(row_im);
         Ex rm1 = kmax(where(both(cj.cmp(Cmp::GE, k), cj.cmp(Cmp::LT, imax)), ra, ra.k(-1)), -1);
         Ex col_im = col(x, imax);
@@ -167,25 +156,26 @@ Ex ldl_solve(const Ex& ld, const Ex& piv, const Ex& rhs) {
   const Shape& s = rhs.v.shape();
   int64_t r = rhs.v.rank(), n = s[r - 2];
   Shape batch(s.begin(), s.end() - 2);
-  Shape b11 = with_tail(batch, {1, 1}), bn1 = with_tail(batch, {n, 1});
-  Ex R = iota(b, s, -2), ri = iota(b, bn1, -2);
-  Ex pidx = iota(b, with_tail(batch, {n}), -1);
+  Shape b11 = with_batch(batch, {1, 1}), bn1 = with_batch(batch, {n, 1});
+  Ex R = iota_along(b, s, -2), ri = iota_along(b, bn1, -2);
+  Ex pidx = iota_along(b, with_batch(batch, {n}), -1);
   Ex piv64 = piv.to(DType::I64);
   Shape ls = ld.v.shape();
-  Ex LR = iota(b, ls, -2), LC = iota(b, ls, -1);
+  Ex LR = iota_along(b, ls, -2), LC = iota_along(b, ls, -1);
   auto pivot_at = [&](const Ex& k) {  // piv[k], [..., 1, 1]
-    Ex kb(b, b.reshape(k.v, with_tail(batch, {1})));
+    Ex kb(b, b.reshape(k.v, with_batch(batch, {1})));
     Ex v = where(pidx.cmp(Cmp::EQ, kb), piv64, piv64.k(0));
     return Ex(b, b.reshape(reduce_sum(b, v.v, {r - 2}, true), b11));
   };
   auto lcol = [&](const Ex& j) {  // ld[:, j], [..., n, 1]
-    return ksum(where(LC.cmp(Cmp::EQ, j), ld, ld.k(0)), -1);
+    return sum_keep(where(LC.cmp(Cmp::EQ, j), ld, ld.k(0)), -1);
   };
   auto lat = [&](const Ex& i, const Ex& j) {
-    return ksum(ksum(where(both(LR.cmp(Cmp::EQ, i), LC.cmp(Cmp::EQ, j)), ld, ld.k(0)), -1), -2);
+    return sum_keep(sum_keep(where(both(LR.cmp(Cmp::EQ, i), LC.cmp(Cmp::EQ, j)), ld, ld.k(0)), -1),
+                    -2);
   };
   auto row = [&](const Ex& x, const Ex& i) {
-    return ksum(where(R.cmp(Cmp::EQ, i), x, x.k(0)), -2);
+    return sum_keep(where(R.cmp(Cmp::EQ, i), x, x.k(0)), -2);
   };
   auto swap_rows = [&](const Ex& x, const Ex& i, const Ex& j) {
     Ex p = where(ri.cmp(Cmp::EQ, i), j, where(ri.cmp(Cmp::EQ, j), i, ri));
@@ -236,7 +226,9 @@ Ex ldl_solve(const Ex& ld, const Ex& piv, const Ex& rhs) {
         Ex km1 = k - 1.0;
         Ex below = R.cmp(Cmp::GT, k);
         // gemv^T: b[k, :] - sum_{i > k} b[i, :] l[i, k]
-        auto dot_below = [&](const Ex& j) { return ksum(where(below, x * lcol(j), x.k(0)), -2); };
+        auto dot_below = [&](const Ex& j) {
+          return sum_keep(where(below, x * lcol(j), x.k(0)), -2);
+        };
         Ex y = where(R.cmp(Cmp::EQ, k), x - dot_below(k), x);
         y = where(both(two, R.cmp(Cmp::EQ, km1)), y - dot_below(km1), y);
         Ex kp = where(two, -p, p) - 1.0;
@@ -276,7 +268,7 @@ TPU_LOWERING(linalg_ldl_solve) {
     Shape batch =
         broadcast_shapes(Shape(ls.begin(), ls.end() - 2), Shape(bs.begin(), bs.end() - 2));
     auto to = [&](const Ex& x, std::initializer_list<int64_t> tail) {
-      return Ex(c.b, broadcast_to(c.b, x.v, with_tail(batch, tail)));
+      return Ex(c.b, broadcast_to(c.b, x.v, with_batch(batch, tail)));
     };
     int64_t n = ls.back(), m = bs.back();
     Ex x = ldl_solve(to(ld, {n, n}), to(piv, {n}), to(rhs, {n, m}));

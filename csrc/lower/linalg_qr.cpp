@@ -15,18 +15,6 @@ namespace {
 using hlo::Cmp;
 using V = std::vector<Value>;
 
-Ex idx(Builder& b, const Shape& s, int64_t dim) {
-  return Ex(b, b.iota(Type{DType::I64, s}, dim < 0 ? dim + static_cast<int64_t>(s.size()) : dim));
-}
-Ex sum(const Ex& x, int64_t dim) {
-  return Ex(*x.b, reduce_sum(*x.b, x.v, {dim < 0 ? dim + x.v.rank() : dim}, true));
-}
-Ex swap_last(const Ex& x) {
-  std::vector<int64_t> perm;
-  for (int64_t i = 0; i < x.v.rank(); ++i) perm.push_back(i);
-  std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
-  return Ex(*x.b, x.b->transpose(x.v, perm));
-}
 Shape with_tail(Shape s, int64_t a, int64_t b) {
   s[s.size() - 2] = a;
   s[s.size() - 1] = b;
@@ -42,9 +30,9 @@ Value i64(Builder& b, int64_t v) { return b.constant_int(v, DType::I64); }
 Ex reflector(const Ex& a, const Ex& j) {
   Builder& b = *a.b;
   const Shape& s = a.v.shape();
-  Ex cols = idx(b, s, -1);
-  Ex col = sum(where(cols.cmp(Cmp::EQ, j), a, a.k(0)), -1);
-  Ex rows1 = idx(b, col.v.shape(), -2);
+  Ex cols = iota_along(b, s, -1);
+  Ex col = sum_keep(where(cols.cmp(Cmp::EQ, j), a, a.k(0)), -1);
+  Ex rows1 = iota_along(b, col.v.shape(), -2);
   return where(rows1.cmp(Cmp::EQ, j), col.k(1), where(rows1.cmp(Cmp::GT, j), col, col.k(0)));
 }
 
@@ -56,18 +44,18 @@ std::pair<Ex, Ex> geqrf(const Ex& a0) {
   ts.back() = k;
   Value tau0 = b.splat(0, Type{a0.v.dtype(), ts});
   if (k == 0) return {a0, Ex(b, tau0)};
-  Ex rows = idx(b, s, -2), cols = idx(b, s, -1), tpos = idx(b, ts, -1);
+  Ex rows = iota_along(b, s, -2), cols = iota_along(b, s, -1), tpos = iota_along(b, ts, -1);
   std::vector<Value> out = b.while_loop(
       {i64(b, 0), a0.v, tau0},
       [&](const V& st) { return Ex(b, st[0]).cmp(Cmp::LT, Ex(b, i64(b, k))).v; },
       [&](const V& st) {
         Ex j(b, st[0]), a(b, st[1]), tau(b, st[2]);
-        Ex col = sum(where(cols.cmp(Cmp::EQ, j), a, a.k(0)), -1);  // [..., m, 1]
-        Ex rows1 = idx(b, col.v.shape(), -2);
+        Ex col = sum_keep(where(cols.cmp(Cmp::EQ, j), a, a.k(0)), -1);  // [..., m, 1]
+        Ex rows1 = iota_along(b, col.v.shape(), -2);
         Ex below = rows1.cmp(Cmp::GT, j);
-        Ex alpha = sum(where(rows1.cmp(Cmp::EQ, j), col, col.k(0)), -2);  // [..., 1, 1]
+        Ex alpha = sum_keep(where(rows1.cmp(Cmp::EQ, j), col, col.k(0)), -2);  // [..., 1, 1]
         Ex xb = where(below, col, col.k(0));
-        Ex xnorm2 = sum(xb * xb, -2);
+        Ex xnorm2 = sum_keep(xb * xb, -2);
         Ex norm = (alpha * alpha + xnorm2).un("sqrt");
         Ex trivial = xnorm2.cmp(Cmp::EQ, xnorm2.k(0));
         Ex beta = where(trivial, alpha, where(alpha.cmp(Cmp::GE, alpha.k(0)), -norm, norm));
@@ -75,7 +63,7 @@ std::pair<Ex, Ex> geqrf(const Ex& a0) {
         Ex scale = where(trivial, beta.k(0), 1.0 / (alpha - beta));
         Ex v = where(rows1.cmp(Cmp::EQ, j), col.k(1), xb * scale);
         // H = I - t v v^T on the columns right of j.
-        Ex w = sum(v * a, -2);  // [..., 1, n]
+        Ex w = sum_keep(v * a, -2);  // [..., 1, n]
         Ex a2 = where(cols.cmp(Cmp::GT, j), a - t * v * w, a);
         Ex at_j = cols.cmp(Cmp::EQ, j);
         a2 = where(at_j.bin("and", rows.cmp(Cmp::EQ, j)), beta, a2);
@@ -95,16 +83,16 @@ Ex householder_q(const Ex& a, const Ex& tau) {
   const Shape& s = a.v.shape();
   int64_t m = s[s.size() - 2], k = tau.v.shape().back();
   Shape qs = with_tail(s, m, m);
-  Ex q = where(idx(b, qs, -2).cmp(Cmp::EQ, idx(b, qs, -1)),
+  Ex q = where(iota_along(b, qs, -2).cmp(Cmp::EQ, iota_along(b, qs, -1)),
                Ex(b, b.splat(1, Type{a.v.dtype(), qs})), Ex(b, b.splat(0, Type{a.v.dtype(), qs})));
   if (k == 0) return q;
-  Ex tpos = idx(b, tau.v.shape(), -1);
+  Ex tpos = iota_along(b, tau.v.shape(), -1);
   std::vector<Value> out = b.while_loop(
       {i64(b, 0), q.v}, [&](const V& st) { return Ex(b, st[0]).cmp(Cmp::LT, Ex(b, i64(b, k))).v; },
       [&](const V& st) {
         Ex j(b, st[0]), qq(b, st[1]);
         Ex v = reflector(a, j);
-        Ex t = sum(where(tpos.cmp(Cmp::EQ, j), tau, tau.k(0)), -1);  // [..., 1]
+        Ex t = sum_keep(where(tpos.cmp(Cmp::EQ, j), tau, tau.k(0)), -1);  // [..., 1]
         Shape t2 = t.v.shape();
         t2.push_back(1);
         t = Ex(b, b.reshape(t.v, t2));
@@ -117,7 +105,7 @@ Ex householder_q(const Ex& a, const Ex& tau) {
 Ex triu(const Ex& x) {
   Builder& b = *x.b;
   const Shape& s = x.v.shape();
-  return where(idx(b, s, -1).cmp(Cmp::GE, idx(b, s, -2)), x, x.k(0));
+  return where(iota_along(b, s, -1).cmp(Cmp::GE, iota_along(b, s, -2)), x, x.k(0));
 }
 
 // Least squares for full-rank A [..., m, n] (LAPACK gels): QR of A when
@@ -175,10 +163,12 @@ TPU_LOWERING(linalg_qr) {
       int64_t m = s[s.size() - 2], n = s.back();
       Ex f = geqrf(m >= n ? a : swap_last(a)).first;
       const Shape& fs = f.v.shape();
-      Ex d(c.b,
-           reduce_sum(c.b,
-                      where(idx(c.b, fs, -2).cmp(Cmp::EQ, idx(c.b, fs, -1)), f, f.k(0)).un("abs").v,
-                      {f.v.rank() - 2}, false));
+      Ex d(c.b, reduce_sum(
+                    c.b,
+                    where(iota_along(c.b, fs, -2).cmp(Cmp::EQ, iota_along(c.b, fs, -1)), f, f.k(0))
+                        .un("abs")
+                        .v,
+                    {f.v.rank() - 2}, false));
       int64_t last = d.v.rank() - 1;
       Ex dmax(c.b, c.b.reduce(d.v, c.b.constant(0, t), {last}, hlo::Reducer::Max));
       double rc =
