@@ -201,9 +201,9 @@ def memory_stats(device: _DeviceLike = None) -> dict:
 
 
 def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
-    """(free, total) bytes of the device's allocator limit."""
-    total = _C.memory_limit()
-    return max(0, total - memory_allocated(device)), total
+    """(free, total) bytes of the device's allocator limit (the allocator's own
+    getMemoryInfo, which torch.accelerator.get_memory_info also reads)."""
+    return torch.accelerator.get_memory_info(torch.device("tpu", _index(device)))
 
 
 def empty_cache() -> None:
