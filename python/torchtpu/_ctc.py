@@ -20,13 +20,22 @@ def _lengths(x) -> list[int]:
     return x.tolist() if isinstance(x, torch.Tensor) else [int(v) for v in x]
 
 
+def _finite_max(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x's max over dim (kept), 0 where it is not finite: the shift of a safe logsumexp."""
+    m = x.amax(dim, keepdim=True)
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def _log_plus(s: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """log(s) + m for sums s >= 0 of exp(x - m); -inf where s is 0."""
+    return torch.where(s > 0, torch.log(torch.where(s > 0, s, torch.ones_like(s))) + m, _NEG_INF)
+
+
 def _lse(*xs: torch.Tensor) -> torch.Tensor:
     """logsumexp of same-shaped tensors that may all be -inf (then -inf)."""
     x = torch.stack(xs)
-    m = x.amax(0)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    s = torch.exp(x - m).sum(0)
-    return torch.where(s > 0, torch.log(torch.where(s > 0, s, torch.ones_like(s))) + m, _NEG_INF)
+    m = _finite_max(x, 0)
+    return _log_plus(torch.exp(x - m).sum(0, keepdim=True), m)[0]
 
 
 def _shift(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -64,8 +73,13 @@ class _Problem:
         skip[:, 2:] = (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])
         self.skip = skip
         s = torch.arange(self.L, device=dev)
+        self.s = s
         tl = torch.tensor(self.tl, device=dev)
         self.valid = s[None, :] < (2 * tl + 1)[:, None]  # [N, L]
+        # The two positions a path may end at: the last label and the blank after it.
+        end = (2 * tl)[:, None]
+        self.last = (s[None, :] == end) | ((s[None, :] == end - 1) & (tl[:, None] > 0))
+        self.neg = torch.full((self.N, self.L), _NEG_INF, dtype=log_probs.dtype, device=dev)
         self.il_t = torch.tensor(self.il, device=dev)
         self.tl_t = tl
         # lp at the extended labels: [T, N, L]
@@ -74,8 +88,7 @@ class _Problem:
 
 def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
     p = _Problem(log_probs, targets, input_lengths, target_lengths, blank)
-    neg = torch.full((p.N, p.L), _NEG_INF, dtype=log_probs.dtype, device=log_probs.device)
-    s = torch.arange(p.L, device=log_probs.device)
+    neg, s = p.neg, p.s
     first = (s[None, :] == 0) | ((s[None, :] == 1) & (p.tl_t[:, None] > 0))
     alpha = torch.where(first & (p.il_t[:, None] > 0), p.lp[0], neg)
     alphas = [alpha]
@@ -87,10 +100,7 @@ def _ctc_forward(log_probs, targets, input_lengths, target_lengths, blank=0, zer
     log_alpha = torch.stack(alphas, 1)  # [N, T, L]
     last = (p.il_t - 1).clamp(min=0)
     at_end = log_alpha[torch.arange(p.N, device=log_probs.device), last]  # [N, L]
-    end = (2 * p.tl_t)[:, None]
-    ends = torch.where(
-        (s[None, :] == end) | ((s[None, :] == end - 1) & (p.tl_t[:, None] > 0)), at_end, neg
-    )
+    ends = torch.where(p.last, at_end, neg)
     nll = -_lse(*ends.unbind(1)) if p.L > 1 else -ends[:, 0]
     if zero_infinity:
         nll = torch.where(torch.isinf(nll), torch.zeros_like(nll), nll)
@@ -109,17 +119,13 @@ def _ctc_backward(
     zero_infinity=False,
 ):
     p = _Problem(log_probs, targets, input_lengths, target_lengths, blank)
-    dev, dt = log_probs.device, log_probs.dtype
-    neg = torch.full((p.N, p.L), _NEG_INF, dtype=dt, device=dev)
-    s = torch.arange(p.L, device=dev)
-    end = (2 * p.tl_t)[:, None]
-    last_s = (s[None, :] == end) | ((s[None, :] == end - 1) & (p.tl_t[:, None] > 0))
+    dev, dt, neg = log_probs.device, log_probs.dtype, p.neg
     # skip into s + 2 from s: the label at s + 2 differs from the one at s
     skip_up = _unshift(p.skip.to(dt), 2) > 0
     betas = [neg] * p.T
     beta = neg
     for t in range(p.T - 1, -1, -1):
-        init = torch.where(last_s, p.lp[t], neg)
+        init = torch.where(p.last, p.lp[t], neg)
         step = _lse(beta, _unshift(beta, 1), torch.where(skip_up, _unshift(beta, 2), neg))
         rec = torch.where(p.valid, step + p.lp[t], neg)
         is_last = (t == p.il_t - 1)[:, None]
@@ -128,15 +134,9 @@ def _ctc_backward(
         betas[t] = beta
     log_beta = torch.stack(betas, 0)  # [T, N, L]
     lcab = log_alpha.transpose(0, 1) + log_beta  # [T, N, L]
-    m = lcab.amax(2, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    m = _finite_max(lcab, 2)
     onehot = torch.nn.functional.one_hot(p.ext, p.C).to(dt)  # [N, L, C]
-    summed = torch.einsum("tnl,nlc->tnc", torch.exp(lcab - m), onehot)
-    log_sum = torch.where(
-        summed > 0,
-        torch.log(torch.where(summed > 0, summed, torch.ones_like(summed))) + m,
-        _NEG_INF,
-    )
+    log_sum = _log_plus(torch.einsum("tnl,nlc->tnc", torch.exp(lcab - m), onehot), m)
     res = torch.exp(log_probs) - torch.exp(log_sum + nll[None, :, None] - log_probs)
     t_ok = torch.arange(p.T, device=dev)[:, None] < p.il_t[None, :]  # [T, N]
     if zero_infinity:
