@@ -40,12 +40,14 @@ def _lse(*xs: torch.Tensor) -> torch.Tensor:
 
 def _shift(x: torch.Tensor, k: int) -> torch.Tensor:
     """x[..., s - k] along the last dim, -inf where s < k."""
+    k = min(k, x.shape[-1])  # a one-blank sequence (every target empty) has nothing to shift
     pad = torch.full((*x.shape[:-1], k), _NEG_INF, dtype=x.dtype, device=x.device)
-    return torch.cat([pad, x[..., :-k]], -1)
+    return torch.cat([pad, x[..., : x.shape[-1] - k]], -1)
 
 
 def _unshift(x: torch.Tensor, k: int) -> torch.Tensor:
     """x[..., s + k] along the last dim, -inf past the end."""
+    k = min(k, x.shape[-1])
     pad = torch.full((*x.shape[:-1], k), _NEG_INF, dtype=x.dtype, device=x.device)
     return torch.cat([x[..., k:], pad], -1)
 

@@ -202,6 +202,13 @@ CASES["ctc_loss_zero_infinity_none"] = (
     ),
     lambda: [_f(12, 3, 6)],
 )
+# Every target empty: only the blank path (the extended sequence is one blank long).
+CASES["ctc_loss_empty_targets_none"] = (
+    lambda d, x: F.ctc_loss(
+        F.log_softmax(x, -1), _i([[0], [0]], d), [5, 3], [0, 0], reduction="none"
+    ),
+    lambda: [_f(5, 2, 4)],
+)
 # hash_tensor: XOR of the bits (floats as float64, integers as int64).
 CASES["hash_tensor_float"] = (
     lambda d, x: torch.ops.aten.hash_tensor(x, [1], keepdim=True),
