@@ -17,7 +17,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+sys.path.insert(0, EXAMPLES)
 import torchtpu
 from models import GPT, MLP, copy_task_batch
 
@@ -169,21 +170,27 @@ print(json.dumps({"first_step_s": first - t1, "setup_and_first_step_s": first - 
 def cold_vs_warm(how: str = "eager") -> tuple[dict, dict]:
     """Runs _CACHE_CHILD (``how``: "eager" or "compile") twice in fresh processes sharing
     one empty TORCHTPU_CACHE_DIR."""
-    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
-    runs = []
     with tempfile.TemporaryDirectory(prefix="torchtpu-bench-cache-") as cache_dir:
-        env = {**os.environ, "TORCHTPU_CACHE_DIR": cache_dir}
-        env.pop("TORCHTPU_SHARED_CACHE_DIR", None)
-        for _ in range(2):
-            out = subprocess.run(
-                [sys.executable, "-c", _CACHE_CHILD, examples, how],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            runs.append(json.loads(out.strip().splitlines()[-1]))
-    return runs[0], runs[1]
+        return _run_child(_CACHE_CHILD, [how], cache_dir), _run_child(
+            _CACHE_CHILD, [how], cache_dir
+        )
+
+
+def _run_child(code: str, args: list[str], cache_dir: str, **env: str) -> dict:
+    """Runs ``code`` (argv: the examples folder, then ``args``) in a fresh process whose
+    only compile cache is ``cache_dir`` (no shared root, no kernel packs), with ``env``
+    added; returns its last output line, a JSON object."""
+    full = {**os.environ, "TORCHTPU_CACHE_DIR": cache_dir, **env}
+    full.pop("TORCHTPU_SHARED_CACHE_DIR", None)
+    full.pop("TORCHTPU_CACHE_PACKS", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code, EXAMPLES, *args],
+        env=full,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def print_cold_vs_warm(how: str = "eager") -> None:
@@ -284,7 +291,6 @@ print(json.dumps({"first": cold[0], "next": statistics.median(cold[1:]), "waited
 def print_cold_start() -> None:
     """First training step in a fresh process with an empty compile cache, with tiered
     compiles (TORCHTPU_TIERED_COMPILE=1: quick builds first) and without (the default)."""
-    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
     print(
         "\n| cold start (empty cache) | mode | tiered | first step s | compiles | compile s "
         "| steps 2-4 ms | background wait s | after tier-up ms |"
@@ -294,18 +300,9 @@ def print_cold_start() -> None:
         for mode in ("strict", "fused"):
             for tiered in ("1", "0"):
                 with tempfile.TemporaryDirectory(prefix="torchtpu-bench-cold-") as cache_dir:
-                    env = {**os.environ, "TORCHTPU_CACHE_DIR": cache_dir}
-                    env["TORCHTPU_TIERED_COMPILE"] = tiered
-                    env.pop("TORCHTPU_SHARED_CACHE_DIR", None)
-                    env.pop("TORCHTPU_CACHE_PACKS", None)
-                    out = subprocess.run(
-                        [sys.executable, "-c", _COLD_CHILD, examples, model, mode],
-                        env=env,
-                        check=True,
-                        capture_output=True,
-                        text=True,
-                    ).stdout
-                r = json.loads(out.strip().splitlines()[-1])
+                    r = _run_child(
+                        _COLD_CHILD, [model, mode], cache_dir, TORCHTPU_TIERED_COMPILE=tiered
+                    )
                 name = "MobileNet-style CNN" if model == "cnn" else "GPT"
                 print(
                     f"| {name} | {mode} | {'yes' if tiered == '1' else 'no'} | {r['first']:.2f} "
