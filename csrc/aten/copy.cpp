@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "aten/fused.h"
+#include "aten/host_ops.h"
 #include "aten/launch.h"
 #include "aten/program.h"
 #include "lower/types.h"
@@ -34,6 +35,7 @@ std::vector<pjrt::BufferPtr> run_internal(const char* kind, const std::string& k
     build(b);
     auto made = std::make_shared<Launchable>();
     compile_program(b.module(), *made);
+    count_program(kind);
     add_program(key, made);
     entry = std::move(made);
   } else {
@@ -116,6 +118,16 @@ pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
   std::string key = "Cread" + geom_key(t);
   key.push_back(static_cast<char>(st.dtype));
   key.append(std::to_string(st.buffer->numel()));
+  // A small integer view whose geometry keeps changing (a growing sequence's
+  // last column) is gathered on the host instead of compiling a program each time.
+  if (st.nbytes <= (64 << 10) && c10::isIntegralType(t.scalar_type(), true) && !find_program(key) &&
+      shape_churn("copy_read|" + std::to_string(static_cast<int>(t.scalar_type())) + "," +
+                      std::to_string(t.dim()),
+                  key)) {
+    at::Tensor host = to_host(t, why).contiguous();
+    int64_t dims[1] = {host.numel()};
+    return upload(host.data_ptr(), d, dims, st.device);
+  }
   auto outs = run_internal(
       "copy_read", key,
       [&](Builder& b) {
@@ -124,6 +136,28 @@ pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
       },
       {st.buffer}, st.device);
   return outs[0];
+}
+
+at::Tensor storage_bytes_to_host(const at::Tensor& t, const char* why) {
+  auto& st = device_storage(t.storage());
+  fused_sync(st, why);
+  at::Tensor bytes = at::empty({static_cast<int64_t>(st.nbytes)}, at::kByte);
+  if (!st.buffer) return bytes.zero_();
+  return download(*st.buffer, bytes);
+}
+
+at::Tensor view_of_bytes(const at::Tensor& bytes, const at::Tensor& t) {
+  return at::empty({0}, t.options().device(c10::kCPU))
+      .set_(bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
+}
+
+at::Tensor to_host(const at::Tensor& t, const char* why) {
+  const auto& st = device_storage(t.storage());
+  const size_t view_bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  // Reading up to twice the bytes (or 64 KiB) beats compiling a gather.
+  if (!whole_storage(t, st) && (st.nbytes <= (64 << 10) || st.nbytes <= 2 * view_bytes))
+    return view_of_bytes(storage_bytes_to_host(t, why), t);
+  return download(*dense_buffer(t, why), t);
 }
 
 void device_copy(const at::Tensor& src, const at::Tensor& dst) {

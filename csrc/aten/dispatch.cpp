@@ -81,7 +81,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   } else {
     // Device -> host: a real sync point.
     metrics().host_syncs++;
-    const_cast<at::Tensor&>(dst).copy_(download(*dense_buffer(self, "to_cpu"), self));
+    const_cast<at::Tensor&>(dst).copy_(to_host(self, "to_cpu"));
   }
   return dst;
 }

@@ -15,6 +15,7 @@
 #include "aten/fused.h"
 #include "aten/fused_graph.h"
 #include "aten/generator.h"
+#include "aten/host_ops.h"
 #include "lower/types.h"
 
 namespace torchtpu::aten {
@@ -151,6 +152,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     // out= tensors of the wrong size are resized first (then the key changes).
     if (info.is_out && resize_outs(op, info, *stack, first, n, key))
       return fused_record(op, info, stack);
+    if (run_on_host_if_churning(op, info, stack, first, n, storages, key)) return;
     tmpl = make_template(op, info, *stack, first, n, storages);
     g.templates.emplace(key, tmpl);
   }

@@ -9,6 +9,7 @@
 
 #include "aten/fused.h"
 #include "aten/generator.h"
+#include "aten/host_ops.h"
 #include "aten/program.h"
 #include "lower/types.h"
 
@@ -120,6 +121,7 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     // out= tensors of the wrong size are resized first (then the key changes).
     if (info.is_out && resize_outs(op, info, *stack, first, n, call.key))
       return strict_run(op, info, stack);
+    if (run_on_host_if_churning(op, info, stack, first, n, call.storages, call.key)) return;
     TraceScope trace([&] { return "torchtpu::compile aten::" + info.name; });
     auto made = compile_call(op, info, *stack, first, n, call.storages);
     count_program(info.name);

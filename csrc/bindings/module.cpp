@@ -9,6 +9,7 @@
 #include "aten/dispatch.h"
 #include "aten/fused.h"
 #include "aten/generator.h"
+#include "aten/host_ops.h"
 #include "aten/launch.h"
 #include "aten/op_info.h"
 #include "aten/ops.h"
@@ -59,6 +60,9 @@ py::dict metrics_dict() {
   py::dict programs;
   for (auto& [what, count] : program_report()) programs[py::str(what)] = count;
   d["programs_by_op"] = programs;
+  py::dict host_ops;
+  for (auto& [name, count] : host_op_report()) host_ops[py::str(name)] = count;
+  d["host_ops"] = host_ops;
   py::dict coll;
   for (auto& k : torchtpu::dist::collective_report()) {
     py::dict e;
@@ -379,6 +383,7 @@ PYBIND11_MODULE(_C, m) {
                     &x.tier_up_ns})
       *c = 0;
     reset_program_report();
+    reset_host_op_report();
     torchtpu::dist::reset_collective_report();
   });
   m.def("memory_limit", [] { return memory_limit(); });

@@ -43,7 +43,11 @@ BACKEND_ENV = (
     "TORCHTPU_TIERED_COMPILE",
     "TORCHTPU_TIER_UP_RUNS",
     "TORCHTPU_COMPILE_THREADS",
+    "TORCHTPU_HOST_CHURN",
 )
+# Set for every op test: the device lowerings are under test, so small integer
+# ops whose shapes change run on the device, not on the host (see host_ops.h).
+OP_TEST_ENV = {"TORCHTPU_HOST_CHURN": "0"}
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "int64", "int32", "bool", "complex64")
 SHORT = {

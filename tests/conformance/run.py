@@ -53,6 +53,7 @@ def worker_main(cfg: dict) -> int:
     warnings.simplefilter("ignore")
     for name in harness.BACKEND_ENV:
         os.environ.pop(name, None)
+    os.environ.update(harness.OP_TEST_ENV)
 
     def emit(msg: dict) -> None:
         proto.write(json.dumps(msg) + "\n")

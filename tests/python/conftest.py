@@ -20,9 +20,11 @@ from pathlib import Path
 # them (subprocess tests set them explicitly). The harness imports no torch.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
 from harness import BACKEND_ENV as _BACKEND_ENV
+from harness import OP_TEST_ENV as _OP_TEST_ENV
 
 for _name in _BACKEND_ENV:
     os.environ.pop(_name, None)
+os.environ.update(_OP_TEST_ENV)
 # A fresh compile cache per test session (subprocesses inherit it), so results
 # never depend on what an earlier run left in ~/.cache/torchtpu.
 os.environ["TORCHTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchtpu-test-cache-")
@@ -43,6 +45,7 @@ def run_py(code: str, env: dict | None = None, timeout: float = 180) -> subproce
     variables cleared and then ``env`` applied.  Returns the completed process
     (stdout/stderr as text)."""
     full_env = {k: v for k, v in os.environ.items() if k not in _BACKEND_ENV}
+    full_env.update(_OP_TEST_ENV)
     full_env.update(env or {})
     full_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PYTHON_DIR), os.environ.get("PYTHONPATH", "")) if p

@@ -1,0 +1,252 @@
+#include "aten/host_ops.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/copy.h"
+#include "aten/events.h"
+#include "aten/fused.h"
+#include "lower/types.h"
+
+namespace torchtpu::aten {
+
+using lower::to_dtype;
+
+namespace {
+
+constexpr size_t kMaxStorageBytes = 64 << 10;
+
+// Programs of one op and argument structure compiled before new shapes of
+// it run on the host (0: never).
+int churn_limit() {
+  const char* v = std::getenv("TORCHTPU_HOST_CHURN");
+  return v && *v ? std::atoi(v) : 2;
+}
+
+std::mutex mu;
+std::unordered_map<std::string, int>& programs_per_signature() {
+  static std::unordered_map<std::string, int> m;
+  return m;
+}
+// Host runs per call key, until the key is compiled.
+constexpr int kHostRunsBeforeCompile = 8;
+std::unordered_map<std::string, int>& host_runs() {
+  static std::unordered_map<std::string, int> m;
+  return m;
+}
+std::map<std::string, int64_t>& host_calls() {
+  static std::map<std::string, int64_t> m;
+  return m;
+}
+
+void sig_tensor(std::string& s, const at::Tensor& t) {
+  if (!t.defined()) {
+    s.push_back('u');
+    return;
+  }
+  s.push_back(static_cast<char>(t.scalar_type()));
+  s.push_back(static_cast<char>(t.dim()));
+  s.push_back(t.device().is_privateuseone() ? 'T' : 'H');
+}
+
+// The call without its sizes, strides, offsets and values.
+std::string signature(const OpInfo& info, const torch::jit::Stack& stack, size_t first, size_t n) {
+  std::string s = info.name;
+  s.push_back('|');
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = stack[first + i];
+    if (v.isTensor()) {
+      sig_tensor(s, v.toTensor());
+    } else if (v.isTensorList()) {
+      s.push_back('L');
+      s.push_back(static_cast<char>(v.toTensorList().size()));
+      for (const at::Tensor& t : v.toTensorList()) sig_tensor(s, t);
+    } else if (v.isList()) {
+      s.push_back('l');
+      for (const c10::IValue& e : v.toList())
+        if (e.isTensor()) sig_tensor(s, e.toTensor());
+    } else {
+      s.push_back(static_cast<char>(v.tagKind().size()));
+    }
+  }
+  return s;
+}
+
+bool small_int_tensor(const at::Tensor& t) {
+  return !t.defined() || c10::isIntegralType(t.scalar_type(), /*includeBool=*/true);
+}
+
+// Integer and bool tensors only (exact on any device), no random stream
+// (the host's generator is not the device's), small storages.
+bool eligible(const torch::jit::Stack& stack, size_t first, size_t n,
+              const std::vector<DeviceStorage*>& storages) {
+  if (storages.empty()) return false;
+  size_t bytes = 0;
+  for (const DeviceStorage* st : storages) bytes += st->nbytes;
+  if (bytes > kMaxStorageBytes) return false;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = stack[first + i];
+    if (v.isGenerator()) return false;
+    if (v.isTensor() && !small_int_tensor(v.toTensor())) return false;
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (!small_int_tensor(t)) return false;
+    if (v.isList())
+      for (const c10::IValue& e : v.toList())
+        if (e.isTensor() && !small_int_tensor(e.toTensor())) return false;
+  }
+  return true;
+}
+
+// Host copies of whole device storages, so every view reads and writes the
+// host bytes without a program per view geometry.
+class HostStorages {
+ public:
+  at::Tensor view(const at::Tensor& t, bool write) {
+    if (!t.defined() || !t.device().is_privateuseone()) return t;
+    DeviceStorage& st = device_storage(t.storage());
+    auto it = flats_.find(&st);
+    if (it == flats_.end()) {
+      if (write) fused_sync(st, "host_op", true);
+      at::Tensor bytes = storage_bytes_to_host(t, "host_op");
+      it = flats_.emplace(&st, Entry{bytes, to_dtype(t.scalar_type()), false}).first;
+    } else if (write && !it->second.written) {
+      fused_sync(st, "host_op", true);
+    }
+    if (write) {
+      it->second.written = true;
+      it->second.dtype = st.buffer ? st.dtype : to_dtype(t.scalar_type());
+    }
+    return view_of_bytes(it->second.flat, t);
+  }
+  // Uploads every written storage whole.
+  void write_back() {
+    for (auto& [st, e] : flats_) {
+      if (!e.written) continue;
+      int64_t dims[1] = {static_cast<int64_t>(st->nbytes / itemsize(e.dtype))};
+      st->buffer = upload(e.flat.data_ptr(), e.dtype, dims, st->device);
+      st->dtype = e.dtype;
+    }
+  }
+
+ private:
+  struct Entry {
+    at::Tensor flat;
+    DType dtype;
+    bool written;
+  };
+  std::unordered_map<DeviceStorage*, Entry> flats_;
+};
+
+at::Tensor to_device(const at::Tensor& host, int device) {
+  if (!host.defined()) return host;
+  at::Tensor c = host.contiguous();
+  int64_t dims[1] = {c.numel()};
+  return wrap_buffer(upload(c.data_ptr(), to_dtype(c.scalar_type()), dims, device), c.sizes(),
+                     c.scalar_type(), device);
+}
+
+void run_on_host(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                 size_t first, size_t n, int device) {
+  SyncReason why("host_op");
+  const auto& args = op.schema().arguments();
+  HostStorages host;
+  torch::jit::Stack cpu;
+  cpu.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    const bool write = args[i].alias_info() && args[i].alias_info()->isWrite();
+    if (v.isTensor()) {
+      cpu.emplace_back(host.view(v.toTensor(), write));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const at::Tensor& t : v.toTensorList()) l.push_back(host.view(t, write));
+      cpu.emplace_back(l);
+    } else if (v.isList() && v.toList().elementType()->kind() == c10::TypeKind::OptionalType) {
+      c10::List<std::optional<at::Tensor>> l;
+      for (const c10::IValue& e : v.toList())
+        l.push_back(e.isTensor() ? std::optional<at::Tensor>(host.view(e.toTensor(), write))
+                                 : std::nullopt);
+      cpu.emplace_back(l);
+    } else {
+      cpu.push_back(v);
+    }
+  }
+  op.callBoxed(&cpu);
+  host.write_back();
+
+  const auto& rets = op.schema().returns();
+  torch::jit::Stack out;
+  for (size_t r = 0; r < rets.size(); ++r) {
+    // An out= or in-place return is its (device) argument.
+    if (const c10::AliasInfo* a = rets[r].alias_info()) {
+      for (size_t i = 0; i < n; ++i)
+        if (args[i].alias_info() && args[i].alias_info()->beforeSets() == a->beforeSets()) {
+          out.push_back((*stack)[first + i]);
+          break;
+        }
+      continue;
+    }
+    const c10::IValue& v = cpu[r];
+    if (v.isTensor()) {
+      out.emplace_back(to_device(v.toTensor(), device));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const at::Tensor& t : v.toTensorList()) l.push_back(to_device(t, device));
+      out.emplace_back(l);
+    } else {
+      out.push_back(v);
+    }
+  }
+  TORCH_INTERNAL_ASSERT(out.size() == rets.size(), "[tpu] ", info.name,
+                        ": a host run could not match its returns to the arguments");
+  torch::jit::drop(*stack, n);
+  for (c10::IValue& v : out) stack->push_back(std::move(v));
+}
+
+}  // namespace
+
+bool run_on_host_if_churning(const c10::OperatorHandle& op, const OpInfo& info,
+                             torch::jit::Stack* stack, size_t first, size_t n,
+                             const std::vector<DeviceStorage*>& storages, const std::string& key) {
+  if (churn_limit() <= 0 || !eligible(*stack, first, n, storages)) return false;
+  if (!shape_churn(signature(info, *stack, first, n), key)) return false;
+  run_on_host(op, info, stack, first, n, storages[0]->device);
+  return true;
+}
+
+bool shape_churn(const std::string& signature, const std::string& key) {
+  const int limit = churn_limit();
+  if (limit <= 0) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  int& programs = programs_per_signature()[signature];
+  auto& runs = host_runs();
+  if (runs.size() > 4096) runs.clear();
+  // A shape that keeps coming back is compiled after all; shapes that keep
+  // changing (a growing sequence) stay on the host.
+  if (programs < limit || ++runs[key] > kHostRunsBeforeCompile) {
+    ++programs;
+    runs.erase(key);
+    return false;
+  }
+  ++host_calls()[signature.substr(0, signature.find('|'))];
+  return true;
+}
+
+std::vector<std::pair<std::string, int64_t>> host_op_report() {
+  std::lock_guard<std::mutex> lock(mu);
+  return {host_calls().begin(), host_calls().end()};
+}
+
+void reset_host_op_report() {
+  std::lock_guard<std::mutex> lock(mu);
+  host_calls().clear();
+}
+
+}  // namespace torchtpu::aten

@@ -1,0 +1,38 @@
+// Small integer ops whose shapes keep changing run on the host. Bookkeeping
+// such as `generate`'s growing token ids (a `cat` per token, `isin` on the
+// last column) would otherwise compile a new program for every length, at
+// 60-100 ms each, to move a few bytes. After TORCHTPU_HOST_CHURN (default 2)
+// programs of one op and argument structure, further new shapes of it run on
+// PyTorch's CPU kernels when every tensor is an integer or bool tensor and the
+// storages touched hold at most 64 KiB: the results are the CPU's, exactly. A
+// shape that keeps coming back is compiled after its 8th host run.
+#pragma once
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "aten/op_info.h"
+#include "aten/runtime.h"
+
+namespace torchtpu::aten {
+
+// Called where a runner would compile a new program for this call (its
+// out= tensors already sized). Runs the call on the host and returns true
+// when the call qualifies; else counts the new shape and returns false.
+bool run_on_host_if_churning(const c10::OperatorHandle& op, const OpInfo& info,
+                             torch::jit::Stack* stack, size_t first, size_t n,
+                             const std::vector<DeviceStorage*>& storages, const std::string& key);
+// True when the new program `key` of `signature` (a call without its sizes)
+// should run on the host: the signature has TORCHTPU_HOST_CHURN programs
+// already and `key` ran on the host fewer than 8 times. Else counts the new
+// program and returns false.
+bool shape_churn(const std::string& signature, const std::string& key);
+// Calls run on the host this way, per op.
+std::vector<std::pair<std::string, int64_t>> host_op_report();
+void reset_host_op_report();
+
+}  // namespace torchtpu::aten
