@@ -64,6 +64,7 @@ demo-pack: build
 bench: build
 	$(VPY) bench/run.py
 	$(VPY) bench/dist.py
+	$(VPY) bench/shapes.py
 
 # PyTorch's OpInfo database on tpu vs CPU; regenerates docs/OP_COVERAGE.md (< 30 min).
 conformance: build
