@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -223,7 +224,7 @@ def run_on_devices(
     the ``tpu_local`` backend, so ``dist.all_reduce(t)``, ``dist.get_rank()`` and DDP work
     as under torchrun. Returns each rank's result. A rank that raises makes the others'
     next collective fail at once; the first error (by rank) is raised, with the others
-    as notes. ``timeout``: for collectives (else ``TORCHTPU_DIST_TIMEOUT``);
+    as notes (a rank's own error before the collectives it made fail). ``timeout``: for collectives (else ``TORCHTPU_DIST_TIMEOUT``);
     ``join_timeout``: seconds to wait for the threads (TimeoutError naming the ranks
     still running)."""
     import torch
@@ -240,6 +241,10 @@ def run_on_devices(
     results: list = [None] * n
     errors: list = [None] * n
     worlds = _enter_threads()
+    from ._modes import eager_mode, get_eager_mode
+
+    mode = get_eager_mode()  # the caller's (maybe thread-local) eager mode, in every rank
+    hook = sys.excepthook  # init_process_group chains a rank prefix onto it per rank
 
     def rank_main(rank: int) -> None:
         worlds._local.world = _RankWorld()
@@ -247,7 +252,7 @@ def run_on_devices(
         try:
             torch.tpu.set_device(rank)
             # Backward runs on this thread, so hooks see this rank's groups.
-            with torch.autograd.set_multithreading_enabled(False):
+            with torch.autograd.set_multithreading_enabled(False), eager_mode(mode):
                 dist.init_process_group(
                     LOCAL, store=store, rank=rank, world_size=n, timeout=timeout
                 )
@@ -280,8 +285,12 @@ def run_on_devices(
             )
     finally:
         _leave_threads()
+        sys.excepthook = hook
     failed = [r for r in range(n) if errors[r] is not None]
     if failed:
+        # The cause first: a rank's own error rather than the others' failed collectives.
+        own = [r for r in failed if not str(errors[r]).startswith(f"{LOCAL}:")]
+        failed = own + [r for r in failed if r not in own]
         first = errors[failed[0]]
         for r in failed[1:]:
             first.add_note(f"rank {r} also raised {type(errors[r]).__name__}: {errors[r]}")
