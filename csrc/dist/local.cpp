@@ -374,11 +374,13 @@ class TpuLocal final : public c10d::Backend {
         if (v * size_ != rows) return false;
       return true;
     };
+    // Split sizes may differ between ranks: a rank with uneven ones fails them all.
+    std::string problem;
     if (!even(in_splits) || !even(out_splits))
-      raise(c10::str("tpu_local: ", kind,
-                     " with uneven split sizes is not supported between thread ranks (only "
-                     "even splits); run the ranks as processes with tpu_dist for it"));
-    std::string problem = numel_check(kind, output, input.numel());
+      problem = c10::str(kind,
+                         " with uneven split sizes is not supported between thread ranks (only "
+                         "even splits); run the ranks as processes with tpu_dist for it");
+    if (problem.empty()) problem = numel_check(kind, output, input.numel());
     if (problem.empty() && rows % size_ != 0)
       problem = c10::str(kind, ": ", rows, " rows do not split evenly over ", size_, " ranks");
     return collective(

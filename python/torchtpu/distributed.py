@@ -222,13 +222,14 @@ def run_on_devices(
     """Runs ``fn(rank, *args)`` in ``nranks`` threads (default: every tpu device), rank r
     on ``tpu:r`` with ``torch.tpu.set_device(r)`` done and a default process group of
     the ``tpu_local`` backend, so ``dist.all_reduce(t)``, ``dist.get_rank()`` and DDP work
-    as under torchrun. Returns each rank's result. A rank that raises makes the others'
-    next collective fail at once; the first error (by rank) is raised, with the others
-    as notes (a rank's own error before the collectives it made fail). ``timeout``: for collectives (else ``TORCHTPU_DIST_TIMEOUT``);
-    ``join_timeout``: seconds to wait for the threads (TimeoutError naming the ranks
-    still running)."""
-    import torch
+    as under torchrun. Returns each rank's result.
 
+    A rank that raises or returns makes the others' next collective fail at once. The
+    ranks' errors are raised as one: a rank's own error first (rather than the failed
+    collectives it caused), the others as notes. ``timeout``: for collectives (else
+    ``TORCHTPU_DIST_TIMEOUT``); ``join_timeout``: seconds to wait for the threads
+    (TimeoutError naming the ranks still running). The threads share the CPU generator:
+    build models before calling, not seeded in every rank."""
     n = torch.tpu.device_count() if nranks is None else int(nranks)
     if not 1 <= n <= torch.tpu.device_count():
         raise ValueError(
@@ -249,6 +250,7 @@ def run_on_devices(
     def rank_main(rank: int) -> None:
         worlds._local.world = _RankWorld()
         backend = None
+        why = "its function returned"
         try:
             torch.tpu.set_device(rank)
             # Backward runs on this thread, so hooks see this rank's groups.
@@ -261,9 +263,11 @@ def run_on_devices(
                 results[rank] = fn(rank, *args)
         except BaseException as e:  # noqa: BLE001 - raised by the caller
             errors[rank] = e
-            if backend is not None:
-                _C._dist_local_left(backend, f"rank {rank} raised {type(e).__name__}")
+            why = f"it raised {type(e).__name__}"
         finally:
+            # A collective the others start without this rank fails at once.
+            if backend is not None:
+                _C._dist_local_left(backend, why)
             if dist.is_initialized():
                 dist.destroy_process_group()
             worlds._local.world = None

@@ -215,21 +215,33 @@ def check_faults():
     assert "broadcast(root 0)" in str(e) and "all_reduce(SUM)" in str(e), e
     assert "rank 1 also raised RuntimeError" in "".join(e.__notes__), e.__notes__
 
-    # A rank that never arrives: the others raise at the timeout naming it.
-    def stuck(rank):
+    # A rank that arrives late: the others raise at the timeout naming it; the late
+    # rank then finds the group stopped.
+    def late(rank):
         t = torch.ones(4, device="tpu")
         dist.all_reduce(t)
         if rank == 2:
-            time.sleep(3)  # longer than the timeout, then returns without the collective
-            return
+            time.sleep(3)  # longer than the timeout
         dist.all_reduce(t)
 
-    e, seconds = expect_failure(stuck, 3, timeout=1.5)
+    e, seconds = expect_failure(late, 3, timeout=1.5)
     msg = str(e)
     assert "collective #2 failed on rank 0 of 3 after waiting at most 1.5 s" in msg, msg
     assert "rank 2: did not reach collective #2" in msg, msg
     assert "rank 1: #2 all_reduce(SUM) Float[4]" in msg, msg
     assert "Last collective every rank agreed on: #1" in msg, msg
+    assert "this group stopped at an earlier failure" in "".join(e.__notes__), e.__notes__
+    assert seconds < 10, seconds
+
+    # A rank that returns early: the others fail at once instead of at the timeout.
+    def returns(rank):
+        t = torch.ones(4, device="tpu")
+        dist.all_reduce(t)
+        if rank != 1:
+            dist.all_reduce(t)
+
+    e, seconds = expect_failure(returns, 3, timeout=30)
+    assert "rank 1 left the group (its function returned)" in str(e), e
     assert seconds < 10, seconds
 
     # A rank that raises: the others fail at once, naming it.
@@ -246,8 +258,16 @@ def check_faults():
     except ValueError as e:
         notes = "".join(e.__notes__)
         assert "rank 0 also raised RuntimeError" in notes, notes
-        assert "rank 1 left the group (rank 1 raised ValueError)" in notes, notes
+        assert "rank 1 left the group (it raised ValueError)" in notes, notes
     assert time.monotonic() - start < 10
+
+    # Uneven all_to_all splits: every rank raises, saying what to use instead.
+    def uneven(rank):
+        t = torch.arange(4.0, device="tpu")
+        dist.all_to_all_single(torch.empty_like(t), t, [1, 3], [1, 3])
+
+    e, _ = expect_failure(uneven, 2)
+    assert "uneven split sizes is not supported" in str(e) and "tpu_dist" in str(e), e
 
     # A tensor on another rank's device fails every rank, naming it.
     def wrong_device(rank):
