@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <mutex>
 
 #include "aten/fused.h"
 #include "aten/launch.h"
@@ -39,6 +40,20 @@ pjrt::BufferPtr buffer_of(const at::Tensor& t) {
 }
 
 }  // namespace
+
+std::vector<std::vector<pjrt::BufferPtr>> run_replicated(
+    pjrt::Executable& exe, const std::vector<std::vector<pjrt::Buffer*>>& args) {
+  // XLA:CPU runs each replica on a shared thread pool and blocks it until all
+  // replicas meet; two replicated programs in flight at once can hold every
+  // pool thread with half-met collectives and abort the process. One at a
+  // time, finished before the next starts.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  auto outs = exe.execute_replicated(args);
+  for (auto& replica : outs)
+    for (auto& b : replica) b->await_ready();
+  return outs;
+}
 
 ReplicatedProgram replicated_program(const std::string& kind, DType dt,
                                      const std::vector<int64_t>& sizes, const std::string& reduce,
@@ -113,7 +128,7 @@ std::vector<at::Tensor> device_collective(const std::string& kind,
     keep.push_back(buffer_of(tensors[i]));
     args[i].push_back(keep.back().get());
   }
-  auto outs = exe->execute_replicated(args);
+  auto outs = run_replicated(*exe, args);
   std::vector<at::Tensor> result;
   for (int64_t i = 0; i < n; ++i)
     result.push_back(aten::wrap_buffer(outs[i][0], out_sizes, t0.scalar_type(), int(i)));

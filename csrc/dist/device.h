@@ -29,6 +29,11 @@ struct ReplicatedProgram {
   pjrt::ExecutablePtr exe;
   std::vector<int64_t> out_shape;
 };
+// Runs a replicated program (replica i on device i) and waits for its outputs:
+// one at a time in the process (see device.cpp).
+std::vector<std::vector<pjrt::BufferPtr>> run_replicated(
+    pjrt::Executable& exe, const std::vector<std::vector<pjrt::Buffer*>>& args);
+
 ReplicatedProgram replicated_program(const std::string& kind, DType dt,
                                      const std::vector<int64_t>& sizes, const std::string& reduce,
                                      int64_t dim, int64_t dim2,

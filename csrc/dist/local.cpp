@@ -57,13 +57,6 @@ struct Round {
   std::vector<pjrt::BufferPtr> out;
 };
 
-// Replicated launches from different groups could enqueue on shared devices
-// in different orders; one lock keeps every device's queue in the same order.
-std::mutex& launch_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-
 class Rendezvous {
  public:
   explicit Rendezvous(int size) : size_(size), left_(size) {}
@@ -145,8 +138,7 @@ class Rendezvous {
                                              prog.dim2, {}, size_);
     std::vector<std::vector<pjrt::Buffer*>> args(size_);
     for (int k = 0; k < size_; ++k) args[k].push_back(r.in[k]->input.get());
-    std::lock_guard<std::mutex> order(launch_mutex());
-    auto outs = p.exe->execute_replicated(args);
+    auto outs = run_replicated(*p.exe, args);
     std::vector<pjrt::BufferPtr> mine;
     for (auto& o : outs) mine.push_back(o.at(0));
     return mine;

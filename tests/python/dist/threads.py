@@ -110,6 +110,17 @@ def check_collectives():
     # 3 dtypes x 4 ranks x 6 all_reduce calls, counted by kind.
     assert stats["all_reduce"]["calls"] == 3 * N * 6, stats
 
+    # Large all-reduces back to back, never waited for in between: XLA:CPU aborted the
+    # process when two replicated programs were in flight at once.
+    def back_to_back(rank):
+        t = torch.ones(1 << 20, device="tpu")
+        for _ in range(10):
+            dist.all_reduce(t)
+        return t.cpu()
+
+    for t in run_on_devices(back_to_back, N, join_timeout=JOIN):
+        assert torch.equal(t, torch.full((1 << 20,), float(N**10))), t
+
     # Unsupported calls say so on every rank (no hang).
     def unsupported(rank):
         t = torch.ones(2, device="tpu")
