@@ -96,6 +96,8 @@ class Staging {
   int64_t bytes_ = 0;
 };
 
+}  // namespace
+
 std::string reduce_name(const ReduceOp& op) {
   switch (op.op_) {
     case ReduceOp::SUM: return "SUM";
@@ -110,6 +112,8 @@ std::string reduce_name(const ReduceOp& op) {
     default: return "UNUSED";
   }
 }
+
+namespace {
 
 bool integral(const Tensors& ts) {
   return !ts.empty() && !at::isFloatingType(ts[0].scalar_type()) &&
@@ -140,17 +144,7 @@ void finish_reduce(const ReduceOp& op, Tensors& staged, int size) {
     for (auto& h : staged) h.div_(size, "trunc");
 }
 
-// A collective whose tensors are ready (the transport ran synchronously).
-WorkPtr done(const Tensors& outputs) {
-  std::vector<c10::Device> devices;
-  for (auto& t : outputs)
-    if (on_tpu(t) && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
-      devices.push_back(t.device());
-  auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                      devices);
-  fut->markCompleted(c10::IValue(outputs));
-  return Work::create_from_future(fut);
-}
+WorkPtr done(const Tensors& outputs) { return completed_work(outputs); }
 
 // A point-to-point transfer in flight on the host transport: completes (and,
 // for a receive, writes the device tensors) when waited on or polled.
@@ -563,6 +557,17 @@ c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::St
   const char* dbg = std::getenv("TORCH_DISTRIBUTED_DEBUG");
   bool detail = dbg && std::string(dbg) == "DETAIL";
   return c10::make_intrusive<TpuDist>(store, rank, size, host, timeout, detail);
+}
+
+c10::intrusive_ptr<c10d::Work> completed_work(const std::vector<at::Tensor>& outputs) {
+  std::vector<c10::Device> devices;
+  for (auto& t : outputs)
+    if (on_tpu(t) && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
+      devices.push_back(t.device());
+  auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                      devices);
+  fut->markCompleted(c10::IValue(outputs));
+  return c10d::Work::create_from_future(fut);
 }
 
 std::vector<KindCount> collective_report() {

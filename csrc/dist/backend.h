@@ -8,6 +8,7 @@
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,13 @@ c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::St
                                                int rank, int size,
                                                const c10::intrusive_ptr<c10d::Backend>& host,
                                                std::chrono::milliseconds timeout);
+
+// "SUM", "AVG", ...: how errors and fingerprints name a reduce op.
+std::string reduce_name(const c10d::ReduceOp& op);
+
+// A Work that is already complete with `outputs` (its future on their tpu
+// devices, as DDP comm hooks expect).
+c10::intrusive_ptr<c10d::Work> completed_work(const std::vector<at::Tensor>& outputs);
 
 // Per collective kind: calls, payload bytes, bytes copied between host and
 // device, and wall seconds inside the call (metrics()["collectives"]).

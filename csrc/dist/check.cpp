@@ -104,18 +104,14 @@ void Checker::agree(uint64_t seq, const Call& call) {
   // Every rank saw the same records, so every rank takes this branch: fetch
   // the descriptions (if not already exchanged) and stop together.
   if (!detail_) records = exchange(seq, call, kHashBytes + kTextBytes, true);
-  std::ostringstream s;
-  s << "tpu_dist: ranks disagree on collective #" << seq << " (rank " << rank_ << " of " << size_
-    << " reporting); every rank stops here:";
+  std::vector<std::string> lines;
   for (int r = 0; r < size_; ++r) {
     uint64_t their_seq;
     std::memcpy(&their_seq, records[r].data(), 8);
-    std::string text(records[r].c_str() + kHashBytes);
-    s << "\n  rank " << r << ": #" << their_seq << " " << text;
+    lines.push_back("#" + std::to_string(their_seq) + " " +
+                    std::string(records[r].c_str() + kHashBytes));
   }
-  s << "\nEvery rank must issue the same collectives in the same order with the same "
-       "shapes and dtypes (rank-specific work between collectives is fine).";
-  raise(s.str());
+  raise(disagreement_report("tpu_dist", seq, rank_, size_, lines));
 }
 
 void Checker::fail(uint64_t seq, const Call& call, const std::string& error) {
@@ -145,25 +141,46 @@ void Checker::fail(uint64_t seq, const Call& call, const std::string& error) {
   } catch (const std::exception&) {
     store_ok = false;
   }
+  for (auto& v : seen)
+    if (!v.empty()) v = "#" + std::to_string(seq) + " " + v;
+  raise(failure_report("tpu_dist", seq, rank_, size_, timeout_, first_line(error), seen, store_ok,
+                       last_agreed_, last_call_));
+}
+
+std::string disagreement_report(const std::string& backend, uint64_t seq, int rank, int size,
+                                const std::vector<std::string>& lines) {
   std::ostringstream s;
-  s << "tpu_dist: collective #" << seq << " failed on rank " << rank_ << " of " << size_
-    << " after waiting at most " << timeout_.count() / 1000.0 << " s: " << first_line(error);
-  for (int r = 0; r < size_; ++r) {
+  s << backend << ": ranks disagree on collective #" << seq << " (rank " << rank << " of " << size
+    << " reporting); every rank stops here:";
+  for (size_t r = 0; r < lines.size(); ++r) s << "\n  rank " << r << ": " << lines[r];
+  s << "\nEvery rank must issue the same collectives in the same order with the same "
+       "shapes and dtypes (rank-specific work between collectives is fine).";
+  return s.str();
+}
+
+std::string failure_report(const std::string& backend, uint64_t seq, int rank, int size,
+                           std::chrono::milliseconds timeout, const std::string& error,
+                           const std::vector<std::string>& seen, bool known, uint64_t last_agreed,
+                           const std::string& last_call) {
+  std::ostringstream s;
+  s << backend << ": collective #" << seq << " failed on rank " << rank << " of " << size
+    << " after waiting at most " << timeout.count() / 1000.0 << " s: " << error;
+  for (int r = 0; r < size; ++r) {
     s << "\n  rank " << r << ": ";
     if (!seen[r].empty()) {
-      s << "#" << seq << " " << seen[r];
-    } else if (!store_ok) {
+      s << seen[r];
+    } else if (!known) {
       s << "unknown (the store is unreachable)";
     } else {
       s << "did not reach collective #" << seq << " (exited, stuck, or running other code)";
-      if (last_agreed_) s << "; its last agreed collective was #" << last_agreed_;
+      if (last_agreed) s << "; its last agreed collective was #" << last_agreed;
     }
   }
-  if (last_agreed_)
-    s << "\nLast collective every rank agreed on: #" << last_agreed_ << " " << last_call_;
+  if (last_agreed)
+    s << "\nLast collective every rank agreed on: #" << last_agreed << " " << last_call;
   s << "\nThe timeout is TORCHTPU_DIST_TIMEOUT seconds (or init_process_group(timeout=...) "
        "when shorter).";
-  raise(s.str());
+  return s.str();
 }
 
 }  // namespace torchtpu::dist

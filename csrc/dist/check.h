@@ -27,6 +27,17 @@ struct Call {
   uint64_t hash() const;
 };
 
+// The error text both backends raise. A disagreement: `lines[r]` is rank r's
+// "#seq description". A failed or timed-out collective: `seen[r]` is what rank
+// r was running ("#seq description"), empty when it never arrived; `known`
+// false when that could not be found out.
+std::string disagreement_report(const std::string& backend, uint64_t seq, int rank, int size,
+                                const std::vector<std::string>& lines);
+std::string failure_report(const std::string& backend, uint64_t seq, int rank, int size,
+                           std::chrono::milliseconds timeout, const std::string& error,
+                           const std::vector<std::string>& seen, bool known, uint64_t last_agreed,
+                           const std::string& last_call);
+
 class Checker {
  public:
   // `host`: the group used for the exchange; `store`: where ranks post what

@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <mutex>
 
 #include "aten/fused.h"
 #include "aten/launch.h"
@@ -20,8 +21,11 @@ hlo::Reducer reducer(const std::string& r) {
   if (r == "prod") return hlo::Reducer::Mul;
   if (r == "max") return hlo::Reducer::Max;
   if (r == "min") return hlo::Reducer::Min;
+  if (r == "band") return hlo::Reducer::And;
+  if (r == "bor") return hlo::Reducer::Or;
+  if (r == "bxor") return hlo::Reducer::Xor;
   TORCH_CHECK_VALUE(false, "[tpu] device collective: reduce op '", r,
-                    "' is not one of sum, prod, max, min");
+                    "' is not one of sum, prod, max, min, band, bor, bxor");
 }
 
 // The storage buffer of a contiguous tensor that covers its whole storage,
@@ -36,6 +40,61 @@ pjrt::BufferPtr buffer_of(const at::Tensor& t) {
 }
 
 }  // namespace
+
+std::vector<std::vector<pjrt::BufferPtr>> run_replicated(
+    pjrt::Executable& exe, const std::vector<std::vector<pjrt::Buffer*>>& args) {
+  // XLA:CPU runs each replica on a shared thread pool and blocks it until all
+  // replicas meet; two replicated programs in flight at once can hold every
+  // pool thread with half-met collectives and abort the process. One at a
+  // time, finished before the next starts.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  auto outs = exe.execute_replicated(args);
+  for (auto& replica : outs)
+    for (auto& b : replica) b->await_ready();
+  return outs;
+}
+
+ReplicatedProgram replicated_program(const std::string& kind, DType dt,
+                                     const std::vector<int64_t>& sizes, const std::string& reduce,
+                                     int64_t dim, int64_t dim2,
+                                     const std::vector<std::vector<int64_t>>& pairs, int64_t n) {
+  // One program: the flat storage in, the collective on the tensor's shape, flat out.
+  const hlo::Shape shape(sizes.begin(), sizes.end());
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  const hlo::Builder::Groups all = {[&] {
+    std::vector<int64_t> g;
+    for (int64_t i = 0; i < n; ++i) g.push_back(i);
+    return g;
+  }()};
+  hlo::Builder b;
+  hlo::Value x = b.reshape(b.param(hlo::Type{dt, {numel}}), shape);
+  auto d = [&](int64_t v) { return v < 0 ? v + x.rank() : v; };
+  hlo::Value y;
+  try {
+    if (kind == "all_reduce")
+      y = b.all_reduce(x, reducer(reduce), all);
+    else if (kind == "all_gather")
+      y = b.all_gather(x, d(dim), all);
+    else if (kind == "reduce_scatter")
+      y = b.reduce_scatter(x, d(dim), reducer(reduce), all);
+    else if (kind == "all_to_all")
+      y = b.all_to_all(x, d(dim), d(dim2), all);
+    else if (kind == "permute")
+      y = b.collective_permute(x, pairs);
+    else
+      TORCH_CHECK_VALUE(false, "[tpu] device collective: unknown kind '", kind, "'");
+  } catch (const hlo::BuildError& e) {
+    TORCH_CHECK_VALUE(false, "[tpu] device ", kind, " of ", n, " x ", c10::IntArrayRef(sizes), ": ",
+                      e.what());
+  }
+  ReplicatedProgram p;
+  p.out_shape = y.shape();
+  b.ret({b.reshape(y, {y.type.numel()})});
+  p.exe = aten::compile_cached(b.module(), {.num_replicas = int(n)});
+  return p;
+}
 
 std::vector<at::Tensor> device_collective(const std::string& kind,
                                           const std::vector<at::Tensor>& tensors,
@@ -58,39 +117,10 @@ std::vector<at::Tensor> device_collective(const std::string& kind,
                     aten::device_count(), " devices");
   auto start = std::chrono::steady_clock::now();
   aten::fused_flush("collective");
-
-  // One program: the flat storage in, the collective on the tensor's shape, flat out.
-  const DType dt = lower::to_dtype(t0.scalar_type());
-  const hlo::Shape shape(t0.sizes().begin(), t0.sizes().end());
-  const hlo::Builder::Groups all = {[&] {
-    std::vector<int64_t> g;
-    for (int64_t i = 0; i < n; ++i) g.push_back(i);
-    return g;
-  }()};
-  hlo::Builder b;
-  hlo::Value x = b.reshape(b.param(hlo::Type{dt, {t0.numel()}}), shape);
-  auto d = [&](int64_t v) { return v < 0 ? v + x.rank() : v; };
-  hlo::Value y;
-  try {
-    if (kind == "all_reduce")
-      y = b.all_reduce(x, reducer(reduce), all);
-    else if (kind == "all_gather")
-      y = b.all_gather(x, d(dim), all);
-    else if (kind == "reduce_scatter")
-      y = b.reduce_scatter(x, d(dim), reducer(reduce), all);
-    else if (kind == "all_to_all")
-      y = b.all_to_all(x, d(dim), d(dim2), all);
-    else if (kind == "permute")
-      y = b.collective_permute(x, pairs);
-    else
-      TORCH_CHECK_VALUE(false, "[tpu] device collective: unknown kind '", kind, "'");
-  } catch (const hlo::BuildError& e) {
-    TORCH_CHECK_VALUE(false, "[tpu] device ", kind, " of ", n, " x ", t0.scalar_type(), t0.sizes(),
-                      ": ", e.what());
-  }
-  std::vector<int64_t> out_sizes = y.shape();
-  b.ret({b.reshape(y, {y.type.numel()})});
-  auto exe = aten::compile_cached(b.module(), {.num_replicas = int(n)});
+  ReplicatedProgram prog = replicated_program(kind, lower::to_dtype(t0.scalar_type()),
+                                              t0.sizes().vec(), reduce, dim, dim2, pairs, n);
+  const std::vector<int64_t>& out_sizes = prog.out_shape;
+  auto& exe = prog.exe;
 
   std::vector<pjrt::BufferPtr> keep;
   std::vector<std::vector<pjrt::Buffer*>> args(n);
@@ -98,7 +128,7 @@ std::vector<at::Tensor> device_collective(const std::string& kind,
     keep.push_back(buffer_of(tensors[i]));
     args[i].push_back(keep.back().get());
   }
-  auto outs = exe->execute_replicated(args);
+  auto outs = run_replicated(*exe, args);
   std::vector<at::Tensor> result;
   for (int64_t i = 0; i < n; ++i)
     result.push_back(aten::wrap_buffer(outs[i][0], out_sizes, t0.scalar_type(), int(i)));

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "common/dtype.h"
+#include "pjrt/pjrt.h"
+
 namespace torchtpu::dist {
 
 // kind: all_reduce | all_gather | reduce_scatter | all_to_all | permute.
@@ -18,5 +21,22 @@ std::vector<at::Tensor> device_collective(const std::string& kind,
                                           const std::vector<at::Tensor>& tensors,
                                           const std::string& reduce, int64_t dim, int64_t dim2,
                                           const std::vector<std::vector<int64_t>>& pairs);
+
+// The compiled program behind device_collective for one replica's tensor of
+// `sizes` and `dt` (passed flat): `n` replicas, each returning one flat output
+// of `out_shape`. Cached by the compile cache.
+struct ReplicatedProgram {
+  pjrt::ExecutablePtr exe;
+  std::vector<int64_t> out_shape;
+};
+// Runs a replicated program (replica i on device i) and waits for its outputs:
+// one at a time in the process (see device.cpp).
+std::vector<std::vector<pjrt::BufferPtr>> run_replicated(
+    pjrt::Executable& exe, const std::vector<std::vector<pjrt::Buffer*>>& args);
+
+ReplicatedProgram replicated_program(const std::string& kind, DType dt,
+                                     const std::vector<int64_t>& sizes, const std::string& reduce,
+                                     int64_t dim, int64_t dim2,
+                                     const std::vector<std::vector<int64_t>>& pairs, int64_t n);
 
 }  // namespace torchtpu::dist

@@ -1,0 +1,27 @@
+"""c10d ranks over the devices of one process: the tpu_local backend through
+torchtpu.distributed.run_on_devices, one thread per device (tests/python/dist/threads.py
+in a subprocess with TORCHTPU_NUM_DEVICES=4; every rank thread is joined with a timeout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import check_py
+
+SCRIPT = Path(__file__).resolve().parent / "dist" / "threads.py"
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("scenario", ["collectives", "ddp", "faults"])
+def test_thread_ranks(scenario, mode):
+    proc = check_py(
+        f"""
+        import runpy, sys
+        sys.argv = [{str(SCRIPT)!r}, {scenario!r}, {mode!r}]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        """,
+        env={"TORCHTPU_NUM_DEVICES": "4"},
+        timeout=120,
+    )
+    assert f"{scenario} ok" in proc.stdout, proc.stdout
