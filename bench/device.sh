@@ -61,6 +61,7 @@ echo "[device.sh] building into $BUILD (log: $OUT_DIR/build.log)"
 JOBS=$(nproc)
 {
   cmake -S . -B "$BUILD" -G Ninja -DPython3_EXECUTABLE="$PY" -DTORCHTPU_BUILD_TESTS=OFF \
+    -DTORCHTPU_TORCH_WITHOUT_CMAKE=ON \
     -DCMAKE_BUILD_TYPE=Release "${CMAKE_ARGS[@]}" &&
   cmake --build "$BUILD" -j "$JOBS"
 } > "$OUT_DIR/build.log" 2>&1 || fail "the build failed (cmake/ninja, log below)"

@@ -9,7 +9,9 @@ namespace torchtpu::aten {
 
 namespace {
 
-// PyTorch's list of ops redispatched with an appended dtype names these unqualified.
+// PyTorch's list of ops redispatched with an appended dtype names these unqualified
+// (torch 2.11's list still has norm.names_ScalarOpt_dim, hence DimnameList).
+using at::DimnameList;
 using at::IntArrayRef;
 using at::Scalar;
 using at::ScalarType;
