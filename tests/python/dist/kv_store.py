@@ -13,8 +13,9 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 other = (rank + 1) % world
 
 # What a CUDA client would get: put this rank's key, block on the other's.
-d = _C._kv_callback_exchange("cuda", f"probe/{rank}", f"hello from {rank}".encode(),
-                             f"probe/{other}", 60_000)
+d = _C._kv_callback_exchange(
+    "cuda", f"probe/{rank}", f"hello from {rank}".encode(), f"probe/{other}", 60_000
+)
 assert d["value"] == f"hello from {other}".encode(), d
 assert d["try_get_before"] in (None, d["value"]), d
 assert (d["node_id"], d["num_nodes"]) == (rank, world), d
