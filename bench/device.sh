@@ -58,10 +58,10 @@ fi
 
 echo "[device.sh] python: $PY ($("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)' 2>&1))"
 echo "[device.sh] building into $BUILD (log: $OUT_DIR/build.log)"
-JOBS=$(nproc)
+JOBS=${TORCHTPU_BUILD_JOBS:-$(nproc)}
 {
   cmake -S . -B "$BUILD" -G Ninja -DPython3_EXECUTABLE="$PY" -DTORCHTPU_BUILD_TESTS=OFF \
-    -DTORCHTPU_TORCH_WITHOUT_CMAKE=ON \
+    -DTORCHTPU_TORCH_WITHOUT_CMAKE=ON -DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF \
     -DCMAKE_BUILD_TYPE=Release "${CMAKE_ARGS[@]}" &&
   cmake --build "$BUILD" -j "$JOBS"
 } > "$OUT_DIR/build.log" 2>&1 || fail "the build failed (cmake/ninja, log below)"

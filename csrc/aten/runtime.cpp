@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <unordered_map>
 
 #include "aten/events.h"
@@ -116,7 +117,17 @@ thread_local int tls_device = 0;
 // the autograd engine carries to its device threads: a backward() inside
 // `with eager_mode("fused")` is recorded too.
 constexpr std::string_view kModeInfoName = "TORCHTPU_EAGER_MODE";
-const c10::DebugInfoKind kModeInfo(&kModeInfoName);
+template <class Kind>
+Kind mode_info_kind() {
+  if constexpr (std::is_enum_v<Kind>) {
+    // torch < 2.13: a closed enum. The slots are a list keyed by value, so an
+    // unused value is ours.
+    return static_cast<Kind>(0xE7);
+  } else {
+    return Kind(&kModeInfoName);
+  }
+}
+const c10::DebugInfoKind kModeInfo = mode_info_kind<c10::DebugInfoKind>();
 struct ModeInfo final : c10::DebugInfoBase {
   explicit ModeInfo(Mode m) : mode(m) {}
   Mode mode;
