@@ -87,3 +87,24 @@ TEST(NewerPlugin, ErrorsCarryThePluginMessage) {
 
 }  // namespace
 }  // namespace torchtpu::pjrt
+
+namespace torchtpu::pjrt {
+namespace {
+
+// Without a driver (this CPU machine) or without the CUDA 13 libraries, the
+// preload names what is missing instead of letting the plugin fail later.
+TEST(CudaLibraries, MissingDriverOrLibraryIsNamed) {
+  try {
+    auto report = preload_cuda_libraries("/nonexistent/jax_plugins/xla_cuda13/p.so", {});
+    GTEST_SKIP() << "driver and CUDA libraries are loadable here (" << report.size() << " lines)";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("TORCHTPU_PLATFORM=cuda"), std::string::npos) << msg;
+    EXPECT_TRUE(msg.find("libcuda.so.1") != std::string::npos ||
+                msg.find("libcudart.so.13") != std::string::npos)
+        << msg;
+  }
+}
+
+}  // namespace
+}  // namespace torchtpu::pjrt
