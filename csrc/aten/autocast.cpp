@@ -10,6 +10,9 @@ namespace torchtpu::aten {
 namespace {
 
 // PyTorch's list of ops redispatched with an appended dtype names these unqualified.
+#if __has_include(<ATen/core/Dimname.h>)
+using at::DimnameList;  // torch < 2.13 still lists norm.names_ScalarOpt_dim
+#endif
 using at::IntArrayRef;
 using at::Scalar;
 using at::ScalarType;

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <unordered_map>
 
 #include "aten/events.h"
@@ -72,12 +73,32 @@ void xla_flag_defaults() {  // XLA:CPU only
   ::setenv("XLA_FLAGS", flags.c_str(), 1);
 }
 
+std::atomic<ClientKvProvider> kv_provider{nullptr};
+std::optional<ClientKv> used_kv;            // Written once, inside make_client.
+std::vector<std::string> cuda_libs_report;  // Idem.
+
 pjrt::ClientPtr make_client() {
   std::string platform =
       std::getenv("TORCHTPU_PLATFORM") ? std::getenv("TORCHTPU_PLATFORM") : "cpu";
   if (platform == "cpu") xla_flag_defaults();
-  auto plugin = pjrt::Plugin::load(pjrt::find_plugin(plugin_search_dirs()));
+  std::vector<std::string> dirs = plugin_search_dirs();
+  std::string path = pjrt::find_plugin(dirs);
+  // jax's CUDA plugin dlopens the NVIDIA libraries by soname; its RPATH only
+  // finds them when it sits in the same site-packages as the nvidia wheels.
+  if (platform == "cuda") cuda_libs_report = pjrt::preload_cuda_libraries(path, dirs);
+  auto plugin = pjrt::Plugin::load(path);
   pjrt::CreateOptions opts;
+  std::shared_ptr<pjrt::KeyValueStore> kv;
+  if (ClientKvProvider provider = kv_provider.load()) {
+    if (std::optional<ClientKv> setup = provider(platform)) {
+      kv = setup->store;
+      if (platform == "cuda") {
+        opts["node_id"] = setup->node_id;
+        opts["num_nodes"] = setup->num_nodes;
+      }
+      used_kv = std::move(setup);
+    }
+  }
   if (platform == "cpu") {
     // Under torchrun each process sees one device per local rank, so that
     // set_device(LOCAL_RANK) works as on CUDA.
@@ -88,7 +109,7 @@ pjrt::ClientPtr make_client() {
     // Leave GPU memory to PyTorch and others: no 75% preallocation.
     opts["preallocate"] = false;
   }
-  return pjrt::Client::create(plugin, opts);
+  return pjrt::Client::create(plugin, opts, std::move(kv));
 }
 
 thread_local int tls_device = 0;
@@ -96,7 +117,17 @@ thread_local int tls_device = 0;
 // the autograd engine carries to its device threads: a backward() inside
 // `with eager_mode("fused")` is recorded too.
 constexpr std::string_view kModeInfoName = "TORCHTPU_EAGER_MODE";
-const c10::DebugInfoKind kModeInfo(&kModeInfoName);
+template <class Kind>
+Kind mode_info_kind() {
+  if constexpr (std::is_enum_v<Kind>) {
+    // torch < 2.13: a closed enum. The slots are a list keyed by value, so an
+    // unused value is ours.
+    return static_cast<Kind>(0xE7);
+  } else {
+    return Kind(&kModeInfoName);
+  }
+}
+const c10::DebugInfoKind kModeInfo = mode_info_kind<c10::DebugInfoKind>();
 struct ModeInfo final : c10::DebugInfoBase {
   explicit ModeInfo(Mode m) : mode(m) {}
   Mode mode;
@@ -132,6 +163,18 @@ pjrt::ClientPtr client_ptr() {
 }
 
 pjrt::Client& client() { return *client_ptr(); }
+
+void set_client_kv_provider(ClientKvProvider provider) { kv_provider.store(provider); }
+
+std::optional<ClientKv> client_kv() {
+  if (!runtime_started()) return std::nullopt;
+  return used_kv;
+}
+
+std::vector<std::string> cuda_library_report() {
+  if (!runtime_started()) return {};
+  return cuda_libs_report;
+}
 
 bool runtime_started() noexcept { return state().started; }
 

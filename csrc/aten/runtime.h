@@ -22,6 +22,24 @@
 
 namespace torchtpu::aten {
 
+// Multi-process setup for the client, supplied by csrc/dist (which knows the
+// c10d store of torchrun): the key-value store handed to the plugin, and this
+// process's node_id among num_nodes. Only the CUDA plugin receives node_id /
+// num_nodes as create options; any platform receives the kv callbacks.
+struct ClientKv {
+  std::shared_ptr<pjrt::KeyValueStore> store;
+  int64_t node_id = 0;
+  int64_t num_nodes = 1;
+  std::string where;  // e.g. "c10d TCPStore 127.0.0.1:29500 prefix torchtpu/pjrt/0/"
+};
+// Called once by make_client with the platform name; nullopt: single process.
+using ClientKvProvider = std::optional<ClientKv> (*)(const std::string& platform);
+void set_client_kv_provider(ClientKvProvider provider);
+// The ClientKv the running client was created with (nullopt: none, or no client yet).
+std::optional<ClientKv> client_kv();
+// The NVIDIA libraries preloaded for TORCHTPU_PLATFORM=cuda (empty otherwise).
+std::vector<std::string> cuda_library_report();
+
 // The PJRT client, created on first use. Throws c10::Error (with the plugin's
 // message and an install hint) when no plugin can be loaded.
 pjrt::Client& client();

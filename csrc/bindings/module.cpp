@@ -17,6 +17,7 @@
 #include "cache/compile_cache.h"
 #include "dist/backend.h"
 #include "dist/local.h"
+#include "dist/kv_store.h"
 #include "lower/external.h"
 #include "lower/registry.h"
 
@@ -211,6 +212,46 @@ PYBIND11_MODULE(_C, m) {
       // Exit-time cleanup only: a runtime that fails here exits as it would have.
     }
   });
+  // Test hooks of the PJRT key-value store (the CPU plugin never calls it):
+  // the store torchrun_client_kv builds for `platform`, driven through the C
+  // callbacks a plugin receives.
+  m.def(
+      "_kv_callback_exchange",
+      [](const std::string& platform, const std::string& put_key, const std::string& value,
+         const std::string& get_key, int timeout_ms) {
+        auto kv = torchtpu::dist::torchrun_client_kv(platform);
+        TORCH_CHECK(kv, "[tpu] no key-value store for platform '", platform,
+                    "' (not under torchrun, WORLD_SIZE 1, or TORCHTPU_KV_STORE=0)");
+        py::dict d;
+        d["node_id"] = kv->node_id;
+        d["num_nodes"] = kv->num_nodes;
+        d["where"] = kv->where;
+        py::gil_scoped_release no_gil;
+        try {
+          torchtpu::pjrt::kv_callback_put(*kv->store, put_key, value);
+          std::optional<std::string> early =
+              torchtpu::pjrt::kv_callback_try_get(*kv->store, get_key);
+          std::string got = torchtpu::pjrt::kv_callback_get(*kv->store, get_key, timeout_ms);
+          py::gil_scoped_acquire gil;
+          d["value"] = py::bytes(got);
+          d["try_get_before"] = early ? py::object(py::bytes(*early)) : py::object(py::none());
+        } catch (const torchtpu::pjrt::Error& e) {
+          TORCH_CHECK(false, "[tpu] PJRT error ", e.code(), ": ", e.what());
+        }
+        return d;
+      },
+      py::arg("platform"), py::arg("put_key"), py::arg("value"), py::arg("get_key"),
+      py::arg("timeout_ms"));
+  m.def("_client_kv", []() -> py::object {
+    auto kv = client_kv();
+    if (!kv) return py::none();
+    py::dict d;
+    d["node_id"] = kv->node_id;
+    d["num_nodes"] = kv->num_nodes;
+    d["where"] = kv->where;
+    return d;
+  });
+  m.def("_cuda_library_report", [] { return cuda_library_report(); });
   m.def("current_device", [] { return current_device(); });
   m.def("set_device", [](int i) { set_current_device(i); });
   m.def("synchronize", [] {

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 
 #include "pjrt_c_api.h"
 
@@ -310,8 +312,14 @@ std::map<std::string, std::string> read_attributes(const PJRT_Api* api) {
   if (TT_FN(api, Plugin_Attributes) == nullptr) return out;  // Optional.
   auto a = TT_ARGS(Plugin_Attributes);
   TT_CALL(api, Plugin_Attributes, a);
+  if (a.num_attributes == 0 || a.attributes == nullptr) return out;
+  // The array is the plugin's: a newer plugin's PJRT_NamedValue may be larger
+  // than ours, so step by the size it reports and read only the fields we know.
+  const size_t stride = a.attributes[0].struct_size;
+  if (stride < PJRT_NamedValue_STRUCT_SIZE) return out;  // Too old to read safely.
+  const char* base = reinterpret_cast<const char*>(a.attributes);
   for (size_t i = 0; i < a.num_attributes; ++i) {
-    const PJRT_NamedValue& v = a.attributes[i];
+    const auto& v = *reinterpret_cast<const PJRT_NamedValue*>(base + i * stride);
     out[std::string(v.name, v.name_size)] = stringify(v);
   }
   return out;
@@ -336,6 +344,160 @@ const PJRT_Api* open_plugin(const std::string& path) {
   auto a = TT_ARGS(Plugin_Initialize);
   TT_CALL(api, Plugin_Initialize, a);
   return api;
+}
+
+// ---------------------------------------------------------------------------
+// Key-value callbacks. The plugin allocates the args structs: fields are only
+// touched when the struct_size it set covers them (an older or newer plugin).
+
+template <class Args>
+bool covers(const Args* args, size_t offset, size_t size) {
+  return args->struct_size >= offset + size;
+}
+#define TT_HAS(args, field) \
+  covers(args, offsetof(std::remove_pointer_t<decltype(args)>, field), sizeof((args)->field))
+
+template <class Args>
+PJRT_Error* callback_failure(const Args* args, PJRT_Error_Code code, const std::string& msg) {
+  if (!TT_HAS(args, callback_error) || args->callback_error == nullptr ||
+      *args->callback_error == nullptr) {
+    // A plugin always passes callback_error; without it the failure can only be
+    // logged, and the plugin sees an empty value (or its own timeout) instead.
+    std::fprintf(stderr, "[torchtpu] key-value callback failed, plugin gave no way to report: %s\n",
+                 msg.c_str());
+    return nullptr;
+  }
+  return (*args->callback_error)(code, msg.data(), msg.size());
+}
+
+void delete_value(char* value) { delete[] value; }
+
+// Hands `value` to the plugin, which frees it through value_deleter_callback.
+template <class Args>
+void give_value(Args* args, const std::string& value) {
+  char* copy = new char[value.size() + 1];
+  std::memcpy(copy, value.data(), value.size());
+  copy[value.size()] = '\0';
+  args->value = copy;
+  args->value_size = value.size();
+  args->value_deleter_callback = &delete_value;
+}
+
+template <class Args>
+PJRT_Error* kv_failure(const Args* args, const std::string& op, const std::string& key) {
+  try {
+    throw;
+  } catch (const KvTimeout& e) {
+    return callback_failure(args, PJRT_Error_Code_DEADLINE_EXCEEDED,
+                            "key-value store " + op + " '" + key + "': " + e.what());
+  } catch (const std::exception& e) {
+    return callback_failure(args, PJRT_Error_Code_UNAVAILABLE,
+                            "key-value store " + op + " '" + key + "' failed: " + e.what());
+  } catch (...) {
+    return callback_failure(args, PJRT_Error_Code_UNKNOWN,
+                            "key-value store " + op + " '" + key + "' failed (unknown exception)");
+  }
+}
+
+PJRT_Error* kv_get_trampoline(PJRT_KeyValueGetCallback_Args* args) {
+  if (!TT_HAS(args, value_deleter_callback) || !TT_HAS(args, user_arg)) {
+    return callback_failure(args, PJRT_Error_Code_INVALID_ARGUMENT,
+                            "key-value get: the plugin's args struct is too small (" +
+                                std::to_string(args->struct_size) + " bytes)");
+  }
+  std::string key(args->key, args->key_size);
+  try {
+    auto* store = static_cast<KeyValueStore*>(args->user_arg);
+    give_value(args, store->get(key, std::chrono::milliseconds(args->timeout_in_ms)));
+    return nullptr;
+  } catch (...) {
+    return kv_failure(args, "get", key);
+  }
+}
+
+PJRT_Error* kv_try_get_trampoline(PJRT_KeyValueTryGetCallback_Args* args) {
+  if (!TT_HAS(args, value_deleter_callback) || !TT_HAS(args, user_arg)) {
+    return callback_failure(args, PJRT_Error_Code_INVALID_ARGUMENT,
+                            "key-value try_get: the plugin's args struct is too small (" +
+                                std::to_string(args->struct_size) + " bytes)");
+  }
+  std::string key(args->key, args->key_size);
+  try {
+    auto* store = static_cast<KeyValueStore*>(args->user_arg);
+    std::optional<std::string> value = store->try_get(key);
+    if (!value) {
+      return callback_failure(args, PJRT_Error_Code_NOT_FOUND,
+                              "key-value store: key '" + key + "' not found");
+    }
+    give_value(args, *value);
+    return nullptr;
+  } catch (...) {
+    return kv_failure(args, "try_get", key);
+  }
+}
+
+PJRT_Error* kv_put_trampoline(PJRT_KeyValuePutCallback_Args* args) {
+  if (!TT_HAS(args, user_arg)) {
+    return callback_failure(args, PJRT_Error_Code_INVALID_ARGUMENT,
+                            "key-value put: the plugin's args struct is too small (" +
+                                std::to_string(args->struct_size) + " bytes)");
+  }
+  std::string key(args->key, args->key_size);
+  try {
+    auto* store = static_cast<KeyValueStore*>(args->user_arg);
+    store->put(key, std::string_view(args->value, args->value_size));
+    return nullptr;
+  } catch (...) {
+    return kv_failure(args, "put", key);
+  }
+}
+
+// What a plugin's callback_error builds, for kv_callback_*: our own error type.
+struct CallbackError {
+  PJRT_Error_Code code;
+  std::string message;
+};
+PJRT_Error* make_callback_error(PJRT_Error_Code code, const char* message, size_t size) {
+  return reinterpret_cast<PJRT_Error*>(new CallbackError{code, std::string(message, size)});
+}
+[[noreturn]] void throw_callback_error(PJRT_Error* err) {
+  std::unique_ptr<CallbackError> e(reinterpret_cast<CallbackError*>(err));
+  throw Error(e->message, static_cast<int>(e->code));
+}
+PJRT_CallbackError kCallbackError = &make_callback_error;
+
+// ---------------------------------------------------------------------------
+// NVIDIA libraries for the CUDA plugin.
+
+struct CudaLib {
+  const char* soname;
+  bool required;
+};
+// What jax's CUDA 13 plugin opens by soname (its own loader preloads the same set).
+constexpr CudaLib kCudaLibs[] = {
+    {"libcudart.so.13", true},    {"libnvrtc.so.13", false},       {"libnvJitLink.so.13", false},
+    {"libcublasLt.so.13", true},  {"libcublas.so.13", true},       {"libcufft.so.12", false},
+    {"libcusparse.so.12", false}, {"libcusolver.so.12", false},    {"libcupti.so.13", false},
+    {"libnccl.so.2", false},      {"libnvshmem_host.so.3", false}, {"libcudnn.so.9", false},
+};
+
+// pip's NVIDIA wheels put libraries in <site>/nvidia/<pkg>/lib (CUDA 13: nvidia/cu13/lib).
+std::vector<std::filesystem::path> nvidia_lib_dirs(const std::vector<std::string>& site_dirs) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> out;
+  for (const std::string& site : site_dirs) {
+    std::error_code ec;
+    fs::path root = fs::path(site) / "nvidia";
+    if (!fs::is_directory(root, ec)) continue;
+    std::vector<fs::path> found;
+    for (const auto& entry : fs::directory_iterator(root, ec)) {
+      fs::path lib = entry.path() / "lib";
+      if (fs::is_directory(lib, ec)) found.push_back(lib);
+    }
+    std::sort(found.begin(), found.end());  // Deterministic order.
+    out.insert(out.end(), found.begin(), found.end());
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -394,6 +556,108 @@ std::string find_plugin(const std::vector<std::string>& search_dirs) {
   throw Error("no PJRT plugin found for platform '" + platform + "'; searched " + searched +
               ". Install it with `" + std::string(info->install) +
               "` or set TORCHTPU_PJRT_PLUGIN to the plugin .so");
+}
+
+std::vector<std::string> preload_cuda_libraries(const std::string& plugin_path,
+                                                const std::vector<std::string>& site_dirs) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> report;
+  // The driver comes with the NVIDIA kernel module, never from pip.
+  if (dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    const char* why = dlerror();
+    throw Error(std::string("TORCHTPU_PLATFORM=cuda: cannot load the NVIDIA driver library "
+                            "libcuda.so.1 (") +
+                (why ? why : "not found") +
+                "); this machine has no usable NVIDIA driver, or it is outside the loader's path");
+  }
+  report.push_back("libcuda.so.1 system");
+  // The plugin's own site-packages first: its RPATH points there too.
+  std::vector<std::string> sites;
+  std::error_code ec;
+  fs::path plugin_site =
+      fs::weakly_canonical(plugin_path, ec).parent_path().parent_path().parent_path();
+  if (!ec && !plugin_site.empty()) sites.push_back(plugin_site.string());
+  sites.insert(sites.end(), site_dirs.begin(), site_dirs.end());
+  std::vector<fs::path> dirs = nvidia_lib_dirs(sites);
+  std::vector<std::string> missing;
+  for (const CudaLib& lib : kCudaLibs) {
+    if (dlopen(lib.soname, RTLD_NOW | RTLD_NOLOAD) != nullptr) {
+      report.push_back(std::string(lib.soname) + " already loaded");
+      continue;
+    }
+    std::string loaded;
+    for (const fs::path& dir : dirs) {
+      fs::path candidate = dir / lib.soname;
+      if (!fs::exists(candidate, ec)) continue;
+      if (dlopen(candidate.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) {
+        loaded = candidate.string();
+        break;
+      }
+    }
+    if (loaded.empty() && dlopen(lib.soname, RTLD_NOW | RTLD_GLOBAL) != nullptr) {
+      loaded = "system";
+    }
+    if (loaded.empty()) {
+      dlerror();  // Clear the last failure.
+      if (lib.required) missing.push_back(lib.soname);
+      report.push_back(std::string(lib.soname) + " not found");
+      continue;
+    }
+    report.push_back(std::string(lib.soname) + " " + loaded);
+  }
+  if (!missing.empty()) {
+    std::string names, searched;
+    for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+    for (const auto& d : dirs) searched += (searched.empty() ? "" : ", ") + d.string();
+    if (searched.empty())
+      searched = "no nvidia/*/lib folder under " + std::to_string(sites.size()) +
+                 " site-packages folder(s)";
+    throw Error("TORCHTPU_PLATFORM=cuda: cannot find " + names + " (searched " + searched +
+                ", then the system loader path). Install the CUDA 13 wheels "
+                "(pip install jax-cuda13-plugin[with-cuda]) or add the CUDA 13 lib folder to "
+                "LD_LIBRARY_PATH");
+  }
+  return report;
+}
+
+std::string kv_callback_get(KeyValueStore& store, const std::string& key, int timeout_ms) {
+  auto a = TT_ARGS(KeyValueGetCallback);
+  a.key = key.data();
+  a.key_size = key.size();
+  a.timeout_in_ms = timeout_ms;
+  a.callback_error = &kCallbackError;
+  a.user_arg = &store;
+  if (PJRT_Error* err = kv_get_trampoline(&a)) throw_callback_error(err);
+  std::string value(a.value, a.value_size);
+  a.value_deleter_callback(a.value);
+  return value;
+}
+
+std::optional<std::string> kv_callback_try_get(KeyValueStore& store, const std::string& key) {
+  auto a = TT_ARGS(KeyValueTryGetCallback);
+  a.key = key.data();
+  a.key_size = key.size();
+  a.callback_error = &kCallbackError;
+  a.user_arg = &store;
+  if (PJRT_Error* err = kv_try_get_trampoline(&a)) {
+    std::unique_ptr<CallbackError> e(reinterpret_cast<CallbackError*>(err));
+    if (e->code == PJRT_Error_Code_NOT_FOUND) return std::nullopt;
+    throw Error(e->message, static_cast<int>(e->code));
+  }
+  std::string value(a.value, a.value_size);
+  a.value_deleter_callback(a.value);
+  return value;
+}
+
+void kv_callback_put(KeyValueStore& store, const std::string& key, const std::string& value) {
+  auto a = TT_ARGS(KeyValuePutCallback);
+  a.key = key.data();
+  a.key_size = key.size();
+  a.value = value.data();
+  a.value_size = value.size();
+  a.callback_error = &kCallbackError;
+  a.user_arg = &store;
+  if (PJRT_Error* err = kv_put_trampoline(&a)) throw_callback_error(err);
 }
 
 std::shared_ptr<Plugin> Plugin::load(const std::string& path) {
@@ -686,8 +950,8 @@ std::vector<PJRT_NamedValue> to_named_values(const CreateOptions& options) {
 }
 }  // namespace
 
-std::shared_ptr<Client> Client::create(std::shared_ptr<Plugin> plugin,
-                                       const CreateOptions& options) {
+std::shared_ptr<Client> Client::create(std::shared_ptr<Plugin> plugin, const CreateOptions& options,
+                                       std::shared_ptr<KeyValueStore> kv) {
   if (plugin == nullptr) throw Error("Client::create: plugin is null; call Plugin::load first");
   static std::mutex mu;  // Plugins are not required to tolerate concurrent creation.
   std::lock_guard<std::mutex> lock(mu);
@@ -699,6 +963,15 @@ std::shared_ptr<Client> Client::create(std::shared_ptr<Plugin> plugin,
   auto create = TT_ARGS(Client_Create);
   create.create_options = values.data();
   create.num_options = values.size();
+  if (kv != nullptr) {
+    create.kv_get_callback = &kv_get_trampoline;
+    create.kv_get_user_arg = kv.get();
+    create.kv_put_callback = &kv_put_trampoline;
+    create.kv_put_user_arg = kv.get();
+    create.kv_try_get_callback = &kv_try_get_trampoline;
+    create.kv_try_get_user_arg = kv.get();
+  }
+  client->kv_ = std::move(kv);  // The plugin may call back while the client lives.
   try {
     TT_CALL(api, Client_Create, create);
   } catch (const Error&) {

@@ -1,12 +1,15 @@
 // PJRT C API runtime: plugin loading, client, buffers, executables.
 // Knows nothing of torch or Python. Every failure throws pjrt::Error.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -36,6 +39,15 @@ class Error : public std::runtime_error {
 // Throws Error with an install hint when nothing is found.
 std::string find_plugin(const std::vector<std::string>& search_dirs);
 
+// Makes the NVIDIA libraries a CUDA plugin dlopens by soname (cudart, cublas,
+// cudnn, nccl, ...) loadable: each one not already loaded is opened RTLD_GLOBAL
+// from the pip `nvidia/*/lib` folders under `site_dirs` (and the plugin's own
+// site-packages), else from the system search path. Throws Error naming what is
+// missing when the driver (libcuda.so.1) or a required library cannot be found.
+// Returns one line per library: "<soname> <path or 'already loaded'>".
+std::vector<std::string> preload_cuda_libraries(const std::string& plugin_path,
+                                                const std::vector<std::string>& site_dirs);
+
 using OptionValue = std::variant<int64_t, bool, float, std::string>;
 using CreateOptions = std::map<std::string, OptionValue>;
 
@@ -58,6 +70,33 @@ class Plugin {
 };
 
 class Client;
+
+// Thrown by KeyValueStore::get when the key did not appear in time.
+class KvTimeout : public Error {
+ public:
+  using Error::Error;
+};
+
+// A store shared by all processes of a job, handed to the plugin at client
+// creation (multi-process GPU clients exchange their topology through it).
+// Thread-safe. Exceptions thrown here reach the plugin as PJRT errors.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  virtual void put(std::string_view key, std::string_view value) = 0;
+  // Blocks until `key` exists; throws KvTimeout after `timeout`.
+  virtual std::string get(std::string_view key, std::chrono::milliseconds timeout) = 0;
+  // The value, or nullopt at once when the key does not exist.
+  virtual std::optional<std::string> try_get(std::string_view key) = 0;
+};
+
+// The C callbacks given to the plugin, called exactly as a plugin calls them
+// (PJRT_KeyValue*Callback_Args with a callback_error that builds the error).
+// Failures come back as Error with the PJRT code the callback reported. For
+// tests: the CPU plugin never calls the callbacks itself.
+std::string kv_callback_get(KeyValueStore& store, const std::string& key, int timeout_ms);
+std::optional<std::string> kv_callback_try_get(KeyValueStore& store, const std::string& key);
+void kv_callback_put(KeyValueStore& store, const std::string& key, const std::string& value);
 
 // An immutable device array. Destroyed (PJRT_Buffer_Destroy) with the last owner.
 class Buffer {
@@ -131,8 +170,11 @@ using ExecutablePtr = std::shared_ptr<Executable>;
 
 class Client : public std::enable_shared_from_this<Client> {
  public:
+  // `kv` (optional) is passed as the kv_get/kv_put/kv_try_get callbacks and
+  // kept alive as long as the client.
   static std::shared_ptr<Client> create(std::shared_ptr<Plugin> plugin,
-                                        const CreateOptions& options);
+                                        const CreateOptions& options,
+                                        std::shared_ptr<KeyValueStore> kv = nullptr);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -159,6 +201,7 @@ class Client : public std::enable_shared_from_this<Client> {
  private:
   Client() = default;
   std::shared_ptr<Plugin> plugin_;
+  std::shared_ptr<KeyValueStore> kv_;
   PJRT_Client* client_ = nullptr;
   std::vector<PJRT_Device*> devices_;
   std::string platform_name_, platform_version_;

@@ -1,0 +1,535 @@
+"""Device benchmark: TorchTPU on an NVIDIA GPU (TORCHTPU_PLATFORM=cuda) next to PyTorch's
+own CUDA eager and Inductor, on the same GPU. Run by bench/device.sh after it built the
+extension; writes device_bench.md (a markdown table) and device_bench.json to --out.
+
+Every part runs in its own child process with a time limit (a slow compile or a hang
+costs that row, never the table), and the parts stop being started when --budget runs
+out. --cpu-dry-run runs every part with tiny sizes on the CPU plugin (the CUDA columns
+then say "no CUDA"), so the logic is exercised on a machine without a GPU:
+
+    python bench/device.py --cpu-dry-run --out /tmp/devbench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# GPT-2 124M (the Hugging Face "gpt2" shape) and a tiny stand-in for dry runs.
+GPT2_FULL = {
+    "n_layer": 12,
+    "n_embd": 768,
+    "n_head": 12,
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "batch": 8,
+    "seq": 1024,
+    "steps": 10,
+    "warmup": 2,
+}
+GPT2_TINY = {
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 2,
+    "vocab_size": 128,
+    "n_positions": 64,
+    "batch": 2,
+    "seq": 32,
+    "steps": 3,
+    "warmup": 1,
+}
+MATMUL_FULL = {"n": 8192, "iters": 50}
+MATMUL_TINY = {"n": 128, "iters": 3}
+GPT2_MODES = ("cuda-eager", "cuda-inductor", "tpu-fused", "tpu-compile", "tpu-strict")
+
+
+# ---------------------------------------------------------------------------
+# Parts (each runs in a child process: `device.py --part NAME ...`, prints JSON last).
+
+
+def _import_tpu():
+    import torch
+    import torchtpu
+
+    return torch, torchtpu
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device == "tpu":
+        torch.tpu.synchronize()
+
+
+def part_env(tiny: bool) -> dict:
+    torch, torchtpu = _import_tpu()
+    info = {
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "cuda_available": torch.cuda.is_available(),
+        "platform_env": os.environ.get("TORCHTPU_PLATFORM", "cpu"),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    plat = torchtpu._C.platform()
+    info.update(
+        {
+            f"tpu_{k}": str(v)
+            for k, v in plat.items()
+            if k in ("name", "version", "plugin", "xla_version")
+        }
+    )
+    info["tpu_devices"] = torch.tpu.device_count()
+    info["cuda_libs"] = torchtpu._C._cuda_library_report()
+    return info
+
+
+def part_parity(tiny: bool) -> dict:
+    """MLP and GPT (examples/models.py) trained in float32: losses on tpu (strict and
+    fused) and on CUDA eager, against PyTorch CPU; max relative difference per run."""
+    torch, torchtpu = _import_tpu()
+    sys.path.insert(0, str(ROOT / "examples"))
+    from models import GPT, MLP, copy_task_batch, train_losses
+
+    steps = 5 if tiny else 20
+    gen = torch.Generator().manual_seed(0)
+    batches = {
+        "MLP": (
+            MLP,
+            [
+                (torch.randn(16, 32, generator=gen), torch.randint(0, 10, (16,), generator=gen))
+                for _ in range(4)
+            ],
+        ),
+        "GPT": (GPT, [copy_task_batch(gen, 4, 32, 64) for _ in range(4)]),
+    }
+    # PyTorch CUDA may use TF32 for float32 matmuls; the reference must not.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    out = {}
+    for name, (fn, data) in batches.items():
+        ref = train_losses(fn, data, "cpu", steps)
+        row = {"cpu_first": ref[0], "cpu_last": ref[-1]}
+        runs = {"tpu-strict": ("tpu", "strict"), "tpu-fused": ("tpu", "fused")}
+        if torch.cuda.is_available():
+            runs["cuda-eager"] = ("cuda", None)
+        for label, (device, mode) in runs.items():
+            if mode is not None:
+                with torchtpu.eager_mode(mode):
+                    losses = train_losses(fn, data, device, steps)
+            else:
+                losses = train_losses(fn, data, device, steps)
+            row[label] = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, ref))
+        out[name] = row
+    out["steps"] = steps
+    return out
+
+
+def part_matmul(tiny: bool) -> dict:
+    """bf16 square matmul throughput through the tpu device and through torch CUDA."""
+    torch, _torchtpu = _import_tpu()
+    cfg = MATMUL_TINY if tiny else MATMUL_FULL
+    n, iters = cfg["n"], cfg["iters"]
+    out = {"n": n, "iters": iters}
+    devices = ["tpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(n, n, generator=g).to(torch.bfloat16).to(device)
+        b = torch.randn(n, n, generator=g).to(torch.bfloat16).to(device)
+        c = a @ b  # compile / autotune outside the timing
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            c = a @ b
+        _sync(device)
+        dt = time.perf_counter() - t0
+        out[device] = 2 * n**3 * iters / dt / 1e12
+        # Cheap check that both computed the same product.
+        out[f"{device}_checksum"] = float(c[:4, :4].float().sum().cpu())
+    return out
+
+
+def _gpt2_model(cfg: dict):
+    import torch
+
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        GPT2Config = None
+    if GPT2Config is not None:
+        conf = GPT2Config(
+            n_layer=cfg["n_layer"],
+            n_embd=cfg["n_embd"],
+            n_head=cfg["n_head"],
+            vocab_size=cfg["vocab_size"],
+            n_positions=cfg["n_positions"],
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+        conf._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(conf)
+
+        def loss_fn(m, x, y):
+            return m(input_ids=x, labels=y).loss
+
+        return model, loss_fn, "transformers GPT2LMHeadModel"
+    sys.path.insert(0, str(ROOT / "examples"))
+    from models import GPT
+
+    torch.manual_seed(0)
+    model = GPT(
+        vocab=cfg["vocab_size"],
+        d=cfg["n_embd"],
+        heads=cfg["n_head"],
+        layers=cfg["n_layer"],
+        seq=cfg["n_positions"],
+    )
+    return model, (lambda m, x, y: m(x, y)), "examples/models.py GPT"
+
+
+def part_gpt2(tiny: bool, mode: str) -> dict:
+    """One GPT-2 training step (bf16 weights, AdamW), random init: ms per step."""
+    torch, torchtpu = _import_tpu()
+    cfg = GPT2_TINY if tiny else GPT2_FULL
+    device = "cuda" if mode.startswith("cuda") else "tpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        return {"skipped": "no CUDA"}
+    model, loss_fn, source = _gpt2_model(cfg)
+    model = model.to(torch.bfloat16).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    fwd = loss_fn
+    if mode == "cuda-inductor":
+        fwd = torch.compile(loss_fn)
+    elif mode == "tpu-compile":
+        fwd = torch.compile(loss_fn, backend="tpu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, cfg["vocab_size"], (cfg["batch"], cfg["seq"]), generator=g).to(device)
+    y = x.clone()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = fwd(model, x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    eager = {"tpu-fused": "fused", "tpu-strict": "strict", "tpu-compile": "strict"}.get(mode)
+    ctx = torchtpu.eager_mode(eager) if eager else _nullcontext()
+    with ctx:
+        t0 = time.perf_counter()
+        first = float(step().detach().float().cpu())
+        for _ in range(cfg["warmup"] - 1):
+            step()
+        _sync(device)
+        warm_s = time.perf_counter() - t0
+        times = []
+        for _ in range(cfg["steps"]):
+            t = time.perf_counter()
+            loss = step()
+            _sync(device)
+            times.append(time.perf_counter() - t)
+        last = float(loss.detach().float().cpu())
+    ms = statistics.median(times) * 1e3
+    return {
+        "model": source,
+        "ms_per_step": ms,
+        "tokens_per_s": cfg["batch"] * cfg["seq"] / (ms / 1e3),
+        "warmup_s": warm_s,
+        "first_loss": first,
+        "last_loss": last,
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+    }
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ---------------------------------------------------------------------------
+# Driver.
+
+
+def _child(args: list[str], timeout: float, env: dict) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd,
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as e:
+        tail = (e.stdout or b"")[-800:] if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return {"error": f"timed out after {timeout:.0f} s", "tail": str(tail)[-800:]}
+    secs = time.monotonic() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {
+            "error": f"exit {proc.returncode}",
+            "tail": (proc.stdout + proc.stderr)[-1500:],
+            "seconds": secs,
+        }
+    result = json.loads(lines[-1])
+    result["seconds"] = secs
+    return result
+
+
+def _tests(tiny: bool, timeout: float, env: dict, selection: list[str]) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--maxfail=25",
+        *selection,
+    ]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd,
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        out, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        rc = "timeout"
+    counts = {
+        k: int(n)
+        for n, k in re.findall(
+            r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)",
+            out.splitlines()[-1] if out.strip() else "",
+        )
+    }
+    if not counts:  # Killed at the limit: count the progress characters so far.
+        marks = "".join(re.findall(r"^([.FEsxX]+)\s*(?:\[\s*\d+%\])?$", out, re.MULTILINE))
+        counts = {
+            "passed": marks.count("."),
+            "failed": marks.count("F"),
+            "errors": marks.count("E"),
+            "skipped": marks.count("s"),
+        }
+        counts = {k: v for k, v in counts.items() if v}
+    failed = re.findall(r"^FAILED (\S+)", out, re.MULTILINE)[:10]
+    return {
+        "cmd": " ".join(selection),
+        "rc": rc,
+        "counts": counts,
+        "failed": failed,
+        "seconds": time.monotonic() - t0,
+        "tail": out[-600:] if rc not in (0,) else "",
+    }
+
+
+def _fmt(v, spec: str = ".3g") -> str:
+    return format(v, spec) if isinstance(v, (int, float)) else str(v)
+
+
+def render(results: dict) -> str:
+    env = results.get("env", {})
+    lines = ["# TorchTPU device benchmark", ""]
+    lines.append(f"- mode: {'CPU dry run (tiny sizes)' if results['dry_run'] else 'full'}")
+    for k in ("gpu", "torch", "python", "tpu_name", "tpu_version", "tpu_plugin", "tpu_devices"):
+        if k in env:
+            lines.append(f"- {k}: {env[k]}")
+    if "error" in env:
+        lines.append(f"- env part failed: {env['error']}: `{env.get('tail', '')[-300:]}`")
+    lines.append(f"- total wall time: {results['wall_s']:.0f} s")
+    lines += ["", "## Tests (TORCHTPU_PLATFORM=" + results["platform"] + ")", ""]
+    t = results.get("tests", {"skipped": "not run"})
+    if "counts" in t:
+        lines.append(f"`pytest {t['cmd']}`: {t['counts']} (rc {t['rc']}, {t['seconds']:.0f} s)")
+        for f in t["failed"]:
+            lines.append(f"- FAILED {f}")
+    else:
+        lines.append(str(t.get("skipped", t)))
+    lines += ["", "## Training parity (float32, max relative loss difference vs PyTorch CPU)", ""]
+    p = results.get("parity", {"skipped": "not run"})
+    if "error" in p or "skipped" in p:
+        lines.append(f"{p.get('error', p.get('skipped'))} `{p.get('tail', '')[-400:]}`")
+    else:
+        cols = ["tpu-strict", "tpu-fused", "cuda-eager"]
+        lines += [
+            f"| model ({p.get('steps')} steps) | " + " | ".join(cols) + " | cpu loss first→last |",
+            "|---" * (len(cols) + 2) + "|",
+        ]
+        for name in ("MLP", "GPT"):
+            row = p.get(name, {})
+            cells = [_fmt(row.get(c, "no CUDA")) for c in cols]
+            lines.append(
+                f"| {name} | "
+                + " | ".join(cells)
+                + f" | {_fmt(row.get('cpu_first'))}→{_fmt(row.get('cpu_last'))} |"
+            )
+    lines += ["", "## GPT-2 training step (bf16, AdamW, random init)", ""]
+    g = results.get("gpt2", {})
+    model = next((r.get("model") for r in g.values() if "model" in r), "?")
+    shape = results["gpt2_cfg"]
+    lines.append(
+        f"{model}, {shape['n_layer']} layers, d={shape['n_embd']}, "
+        f"batch {shape['batch']} x seq {shape['seq']}"
+    )
+    lines += [
+        "",
+        "| mode | ms/step | tokens/s | warm-up s | loss first→last |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in GPT2_MODES:
+        r = g.get(mode, {"skipped": "not run"})
+        if "ms_per_step" in r:
+            lines.append(
+                f"| {mode} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:.0f} | "
+                f"{r['warmup_s']:.1f} | {r['first_loss']:.4f}→{r['last_loss']:.4f} |"
+            )
+        else:
+            why = r.get("skipped") or r.get("error")
+            lines.append(f"| {mode} | {why} | | | |")
+    lines += ["", "## bf16 matmul", ""]
+    m = results.get("matmul", {"skipped": "not run"})
+    if "n" in m:
+        lines += [
+            f"{m['n']}x{m['n']} @ {m['n']}x{m['n']}, {m['iters']} iterations",
+            "",
+            "| device | TFLOP/s | checksum |",
+            "|---|---|---|",
+        ]
+        for d in ("tpu", "cuda"):
+            if d in m:
+                lines.append(f"| {d} | {m[d]:.2f} | {m[d + '_checksum']:.4g} |")
+            else:
+                lines.append(f"| {d} | no CUDA | |")
+    else:
+        lines.append(f"{m.get('error', m.get('skipped'))} `{m.get('tail', '')[-400:]}`")
+    errors = [(f"gpt2 {k}", v) for k, v in g.items() if "error" in v]
+    if errors:
+        lines += ["", "## Errors", ""]
+        for k, v in errors:
+            lines.append(f"- {k}: {v['error']}: `{v.get('tail', '')[-500:]}`")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="tiny sizes on the CPU plugin; CUDA columns report 'no CUDA'",
+    )
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/out"))
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for all parts (default 330 on a GPU, 900 dry run)",
+    )
+    ap.add_argument("--tests", nargs="*", default=None, help="pytest selection")
+    ap.add_argument("--skip", nargs="*", default=[], help="parts to skip: tests parity gpt2 matmul")
+    ap.add_argument("--part", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    tiny = args.cpu_dry_run
+
+    if args.part:  # Child process: one part, JSON on the last line.
+        fn = {"env": part_env, "parity": part_parity, "matmul": part_matmul}.get(args.part)
+        result = part_gpt2(tiny, args.mode) if args.part == "gpt2" else fn(tiny)
+        print(json.dumps(result), flush=True)
+        return
+
+    platform = "cpu" if tiny else "cuda"
+    env = dict(os.environ)
+    env["TORCHTPU_PLATFORM"] = platform
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT / "python"), env.get("PYTHONPATH", "")) if p
+    )
+    if tiny:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the dry run never touches a GPU
+    budget = args.budget or (900.0 if tiny else 330.0)
+    deadline = time.monotonic() + budget
+    flag = ["--cpu-dry-run"] if tiny else []
+
+    def left(cap: float) -> float:
+        return min(cap, deadline - time.monotonic())
+
+    results: dict = {
+        "dry_run": tiny,
+        "platform": platform,
+        "gpt2_cfg": GPT2_TINY if tiny else GPT2_FULL,
+        "gpt2": {},
+    }
+    t_start = time.monotonic()
+    # (name, mode, cap in seconds), most important first.
+    # (name, mode, cap in seconds), most important first; tests before the slowest row.
+    plan = [
+        ("env", None, 60),
+        ("parity", None, 90 if tiny else 60),
+        ("matmul", None, 60 if tiny else 40),
+    ]
+    plan += [
+        ("gpt2", m, (150 if tiny else 80) if m.startswith("tpu") else 60)
+        for m in GPT2_MODES
+        if m != "tpu-strict"
+    ]
+    plan += [("tests", None, 240 if tiny else 100), ("gpt2", "tpu-strict", 150 if tiny else 80)]
+    selection = args.tests
+    if selection is None:
+        # test_ops in strict mode: every op family, compared with CPU, on this device.
+        selection = ["tests/python/test_ops.py", "-k", "strict"]
+        if tiny:
+            selection[-1] = "strict and (add or matmul)"
+    for name, mode, cap in plan:
+        if name in args.skip:
+            continue
+        t = left(cap)
+        label = f"{name} {mode or ''}".strip()
+        if t < 15:
+            r = {"skipped": "out of time"}
+        else:
+            print(f"[device] {label} (limit {t:.0f} s)", flush=True)
+            if name == "tests":
+                r = _tests(tiny, t, env, selection)
+            else:
+                r = _child(["--part", name, *(["--mode", mode] if mode else []), *flag], t, env)
+            print(f"[device] {label}: " + json.dumps(r)[:300], flush=True)
+        if name == "gpt2":
+            results["gpt2"][mode] = r
+        else:
+            results[name] = r
+    results["wall_s"] = time.monotonic() - t_start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "device_bench.json").write_text(json.dumps(results, indent=1, default=str))
+    md = render(results)
+    (out / "device_bench.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
