@@ -266,8 +266,9 @@ class _nullcontext:
 # Driver.
 
 
-def _child(args: list[str], timeout: float, env: dict) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
+def _bounded(cmd: list[str], timeout: float, env: dict, cwd=None) -> tuple:
+    """Runs `cmd` in its own session: (exit status or None at the limit, stdout,
+    stderr, seconds)."""
     t0 = time.monotonic()
     try:
         proc = subprocess.run(
@@ -277,19 +278,24 @@ def _child(args: list[str], timeout: float, env: dict) -> dict:
             capture_output=True,
             text=True,
             timeout=timeout,
+            cwd=cwd,
             start_new_session=True,
         )
     except subprocess.TimeoutExpired as e:
-        tail = (e.stdout or b"")[-800:] if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return {"error": f"timed out after {timeout:.0f} s", "tail": str(tail)[-800:]}
-    secs = time.monotonic() - t0
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {
-            "error": f"exit {proc.returncode}",
-            "tail": (proc.stdout + proc.stderr)[-1500:],
-            "seconds": secs,
-        }
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return None, out, "", time.monotonic() - t0
+    return proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0
+
+
+def _child(args: list[str], timeout: float, env: dict) -> dict:
+    rc, out, err, secs = _bounded(
+        [sys.executable, str(Path(__file__).resolve()), *args], timeout, env
+    )
+    if rc is None:
+        return {"error": f"timed out after {timeout:.0f} s", "tail": out[-800:]}
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if rc != 0 or not lines:
+        return {"error": f"exit {rc}", "tail": (out + err)[-1500:], "seconds": secs}
     result = json.loads(lines[-1])
     result["seconds"] = secs
     return result
@@ -306,22 +312,9 @@ def _tests(tiny: bool, timeout: float, env: dict, selection: list[str]) -> dict:
         "--maxfail=25",
         *selection,
     ]
-    t0 = time.monotonic()
-    try:
-        proc = subprocess.run(
-            cmd,
-            check=False,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        out, rc = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        rc = "timeout"
+    rc, out, err, secs = _bounded(cmd, timeout, env, cwd=ROOT)
+    out = out + err
+    rc = "timeout" if rc is None else rc
     counts = {
         k: int(n)
         for n, k in re.findall(
@@ -344,7 +337,7 @@ def _tests(tiny: bool, timeout: float, env: dict, selection: list[str]) -> dict:
         "rc": rc,
         "counts": counts,
         "failed": failed,
-        "seconds": time.monotonic() - t0,
+        "seconds": secs,
         "tail": out[-600:] if rc not in (0,) else "",
     }
 
