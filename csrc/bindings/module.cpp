@@ -16,8 +16,8 @@
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
 #include "dist/backend.h"
-#include "dist/local.h"
 #include "dist/kv_store.h"
+#include "dist/local.h"
 #include "lower/external.h"
 #include "lower/registry.h"
 
