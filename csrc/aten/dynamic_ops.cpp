@@ -6,8 +6,10 @@
 
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 #include "aten/events.h"
+#include "aten/host_ops.h"
 
 namespace torchtpu::aten {
 namespace {
@@ -16,12 +18,15 @@ namespace {
 template <typename T>
 T host_value(const at::Tensor& t) {
   SyncReason why("data_dependent");
-  return t.item<T>();
+  T v = t.item<T>();
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) note_value_size(v);
+  return v;
 }
 
 int64_t count_nonzero_host(const at::Tensor& t) { return host_value<int64_t>((t != 0).sum()); }
 
 at::Tensor tpu_nonzero(const at::Tensor& self) {
+  ValueSizedScope scope;
   return at::nonzero_static(self, count_nonzero_host(self), -1);
 }
 at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
@@ -37,6 +42,7 @@ at::Tensor true_positions(const at::Tensor& mask) {
 }
 
 at::Tensor tpu_masked_select(const at::Tensor& self, const at::Tensor& mask) {
+  ValueSizedScope scope;
   TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask, got ",
               mask.scalar_type());
   auto shape = at::infer_size(self.sizes(), mask.sizes());
@@ -60,6 +66,7 @@ bool tpu_equal(const at::Tensor& self, const at::Tensor& other) {
 at::Tensor tpu_repeat_interleave(const at::Tensor& repeats, std::optional<int64_t> output_size) {
   TORCH_CHECK(repeats.dim() == 1, "repeat_interleave: repeats must be 1-d, got ", repeats.dim(),
               "-d");
+  ValueSizedScope scope;
   int64_t total = output_size ? *output_size : host_value<int64_t>(repeats.sum());
   at::Tensor ends = repeats.cumsum(0);
   at::Tensor pos = at::arange(total, repeats.options().dtype(at::kLong));
@@ -80,6 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> runs(const at::Tensor& v) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_impl(const at::Tensor& self, bool sort,
                                                            bool return_inverse,
                                                            bool return_counts) {
+  ValueSizedScope scope;
   at::Tensor flat = self.reshape({-1});
   auto long_opts = self.options().dtype(at::kLong);
   if (flat.numel() == 0)
@@ -135,11 +143,13 @@ at::Tensor tpu_bincount(const at::Tensor& self, const std::optional<at::Tensor>&
     TORCH_CHECK(range[0].item<int64_t>() >= 0,
                 "bincount only supports 1-d non-negative integral inputs.");
     n = std::max(n, range[1].item<int64_t>() + 1);
+    note_value_size(n);
   }
   at::ScalarType dt = at::kLong;
   if (weighted) {
     dt = weights->scalar_type() == at::kFloat ? at::kFloat : at::kDouble;
   }
+  ValueSizedScope scope;
   at::Tensor w = weighted ? weights->to(dt) : at::ones({self.numel()}, self.options().dtype(dt));
   return at::zeros({n}, self.options().dtype(dt)).index_add_(0, self, w);
 }

@@ -16,6 +16,7 @@
 #include "aten/fused_graph.h"
 #include "aten/generator.h"
 #include "aten/host_ops.h"
+#include "aten/strict.h"
 #include "lower/types.h"
 
 namespace torchtpu::aten {
@@ -139,6 +140,12 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   const size_t n = call.n, first = call.first;
   const std::vector<DeviceStorage*>& storages = call.storages;
   const std::string& key = call.key;
+  // Values whose sizes came from tensor values run op by op (host_ops.h),
+  // after everything recorded before them.
+  if (value_sized_call(storages)) {
+    fused_flush("value_sized");
+    return strict_run(op, info, stack);
+  }
 
   Graph& g = graph();
   std::lock_guard<std::recursive_mutex> lock(g.mu);

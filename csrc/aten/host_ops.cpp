@@ -4,6 +4,8 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -237,6 +239,78 @@ bool shape_churn(const std::string& signature, const std::string& key) {
   }
   ++host_calls()[signature.substr(0, signature.find('|'))];
   return true;
+}
+
+namespace {
+
+thread_local int value_sized_depth = 0;
+std::mutex sizes_mu;
+// The last few value-read sizes (one MoE step reads a count per expert and layer).
+std::array<int64_t, 64> recent_sizes;
+size_t recent_count = 0;
+
+bool recent_size(int64_t n) {
+  std::lock_guard<std::mutex> lock(sizes_mu);
+  const size_t k = std::min(recent_count, recent_sizes.size());
+  return std::find(recent_sizes.begin(), recent_sizes.begin() + k, n) != recent_sizes.begin() + k;
+}
+
+void mark(const at::Tensor& t, const std::vector<DeviceStorage*>& inputs) {
+  if (!t.defined() || !t.device().is_privateuseone()) return;
+  DeviceStorage& st = device_storage(t.storage());
+  if (std::find(inputs.begin(), inputs.end(), &st) != inputs.end()) return;
+  for (int64_t s : t.sizes())
+    if (recent_size(s)) {
+      st.value_sized = true;
+      return;
+    }
+}
+
+}  // namespace
+
+void note_value_size(int64_t n) {
+  std::lock_guard<std::mutex> lock(sizes_mu);
+  recent_sizes[recent_count++ % recent_sizes.size()] = n;
+}
+
+ValueSizedScope::ValueSizedScope() { ++value_sized_depth; }
+ValueSizedScope::~ValueSizedScope() { --value_sized_depth; }
+
+bool value_sized_call(const std::vector<DeviceStorage*>& storages) {
+  if (value_sized_depth > 0) return true;
+  for (const DeviceStorage* st : storages)
+    if (st->value_sized) return true;
+  return false;
+}
+
+std::vector<DeviceStorage*> read_storages(const c10::OperatorHandle& op,
+                                          const torch::jit::Stack& stack, size_t first, size_t n) {
+  std::vector<DeviceStorage*> out;
+  const auto& args = op.schema().arguments();
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined() && t.device().is_privateuseone()) out.push_back(&device_storage(t.storage()));
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (args[i].alias_info() && args[i].alias_info()->isWrite()) continue;
+    const c10::IValue& v = stack[first + i];
+    if (v.isTensor()) add(v.toTensor());
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) add(t);
+    if (v.isList())
+      for (const c10::IValue& e : v.toList())
+        if (e.isTensor()) add(e.toTensor());
+  }
+  return out;
+}
+
+void mark_value_sized_outputs(const torch::jit::Stack& stack, size_t n_returns,
+                              const std::vector<DeviceStorage*>& read) {
+  for (size_t i = stack.size() - n_returns; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor()) mark(v.toTensor(), read);
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) mark(t, read);
+  }
 }
 
 std::vector<std::pair<std::string, int64_t>> host_op_report() {

@@ -31,6 +31,29 @@ bool run_on_host_if_churning(const c10::OperatorHandle& op, const OpInfo& info,
 // already and `key` ran on the host fewer than 8 times. Else counts the new
 // program and returns false.
 bool shape_churn(const std::string& signature, const std::string& key);
+// Sizes read from tensor values (nonzero's count, ...). A fresh output of a
+// call in a value-sized kernel, or on a value-sized input, is marked
+// value-sized when one of its sizes is such a recent value; Fused Eager runs
+// calls on marked storages op by op (Strict), so the counts never enter a
+// recorded graph's key and the graphs around them stay cached.
+void note_value_size(int64_t n);
+// Inside a kernel whose output size depends on values: every call runs Strict.
+class ValueSizedScope {
+ public:
+  ValueSizedScope();
+  ~ValueSizedScope();
+  ValueSizedScope(const ValueSizedScope&) = delete;
+  ValueSizedScope& operator=(const ValueSizedScope&) = delete;
+};
+// True inside a ValueSizedScope or when a storage is value-sized.
+bool value_sized_call(const std::vector<DeviceStorage*>& storages);
+// Storages of the call's arguments that it only reads (not out= or in-place).
+std::vector<DeviceStorage*> read_storages(const c10::OperatorHandle& op,
+                                          const torch::jit::Stack& stack, size_t first, size_t n);
+// Marks the call's outputs (the top `n_returns` of the stack) that are not
+// among the storages it read.
+void mark_value_sized_outputs(const torch::jit::Stack& stack, size_t n_returns,
+                              const std::vector<DeviceStorage*>& read);
 // Calls run on the host this way, per op.
 std::vector<std::pair<std::string, int64_t>> host_op_report();
 void reset_host_op_report();

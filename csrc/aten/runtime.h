@@ -65,6 +65,9 @@ struct DeviceStorage {
   bool pending = false;
   // Set when the graph that should have produced the value failed.
   std::shared_ptr<const std::string> error;
+  // A size of this value came from tensor values (nonzero's count, ...):
+  // Fused Eager runs calls that read it op by op, so graph keys stay static.
+  bool value_sized = false;
   bool has_value() const { return buffer || pending; }
 };
 

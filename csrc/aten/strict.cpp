@@ -136,7 +136,11 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     outs = launch(*entry, gather_inputs(*entry, feed, device), device,
                   [&] { return describe(info.name, *stack, first, n); });
   }
+  std::vector<DeviceStorage*> read;
+  const bool value_sized = value_sized_call(call.storages);
+  if (value_sized) read = read_storages(op, *stack, first, n);
   push_results(*entry, info, outs, call.storages, device, *stack, first);
+  if (value_sized) mark_value_sized_outputs(*stack, op.schema().returns().size(), read);
 }
 
 }  // namespace torchtpu::aten

@@ -119,3 +119,46 @@ def test_value_dependent_ops_sync_once_without_fallback(fn):
     m = torchtpu.metrics()
     assert m["fallbacks"] == 0
     assert m["host_syncs"] == 1
+
+
+def _routed_step(x, w, threshold):
+    """An MoE-like step: rows picked by a value-dependent mask go through a layer
+    and are summed back; the number of rows changes with the data."""
+    idx = (x[:, 0] > threshold).nonzero().squeeze(1)
+    y = (x[idx] @ w).relu()
+    out = torch.zeros_like(x).index_add_(0, idx, y)
+    return ((out * 2 + 1) * x).sum(), out
+
+
+def test_fused_graphs_stay_cached_when_a_count_changes():
+    """Fused Eager runs the calls on count-sized values op by op, so the recorded graphs
+    around them keep static keys: after warm-up no new fused graph is compiled, while
+    the count changes every step. Values match the CPU."""
+    import torchtpu
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 8, generator=g)
+    xs = [torch.randn(32, 8, generator=g) for _ in range(8)]
+    thresholds = [-1.0, 0.0, 0.5, -0.5, 0.2, -0.2, 0.8, -0.8]
+    counts = [int((x[:, 0] > t).sum()) for x, t in zip(xs, thresholds)]
+    assert len(set(counts)) == len(counts)
+
+    def fused_graphs():
+        return sum(
+            v
+            for k, v in torchtpu.metrics()["programs_by_op"].items()
+            if k.startswith("fused graph")
+        )
+
+    wt = w.to("tpu")
+    with torchtpu.eager_mode("fused"):
+        per_step = []
+        for x, t in zip(xs, thresholds):
+            before = fused_graphs()
+            loss, out = _routed_step(x.to("tpu"), wt, t)
+            ref_loss, ref_out = _routed_step(x, w, t)
+            torch.testing.assert_close(out.cpu(), ref_out, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(loss.cpu(), ref_loss, rtol=1e-5, atol=1e-4)
+            per_step.append(fused_graphs() - before)
+    assert sum(per_step[2:]) == 0, per_step
+    assert torchtpu.metrics()["fused_cuts"].get("value_sized", 0) > 0
