@@ -200,7 +200,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // host sync) before index.Tensor_out does it again; taken directly, the mask
 // is expanded once (expand_bool_indices). mode.values' composite kernel
 // accepts only CPU, CUDA and XPU tensors; taken directly it is mode's rule.
+// _grouped_mm's composite kernel reads the group offsets on the host and runs a
+// matmul per group at data-dependent sizes; its rule keeps the shapes static.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_grouped_mm", torch::CppFunction::makeFromBoxedFunction<&run_op>());
   m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&run_op>());
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&run_op>());
   m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&run_op>());

@@ -80,6 +80,11 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const OpInfo
                                      const torch::jit::Stack& args, size_t first, size_t n,
                                      std::vector<int>& ret_lists) {
   metrics().meta_calls++;
+  if (info.spec->meta) {
+    std::vector<at::Tensor> outs = info.spec->meta({op.schema(), &args[first]});
+    ret_lists.assign(outs.size(), -1);
+    return outs;
+  }
   torch::jit::Stack ms;
   for (size_t i = 0; i < n; ++i) ms.push_back(to_meta(args[first + i]));
   if (info.functional && !op.hasKernelForDispatchKey(c10::DispatchKey::Meta)) {

@@ -73,6 +73,85 @@ TPU_LOWERING(nn_matmul) {
   });
 }
 
+// Group of each position along a grouped dim of length n: the number of
+// offsets (cumulative group ends) at or before it; n_groups past the last end.
+// Returned as a [groups, n] mask: row e is true where the group is e.
+Value group_mask(Builder& b, Value offs, int64_t n) {
+  const int64_t e = offs.shape()[0];
+  Value ends = b.broadcast_in_dim(b.convert(offs, DType::I64), {e, n}, {0});
+  Value pos = b.iota(Type{DType::I64, {e, n}}, 1);
+  Value before = b.convert(b.compare(Cmp::LE, ends, pos), DType::I64);
+  Value group = b.broadcast_in_dim(reduce_sum(b, before, {0}, false), {e, n}, {1});
+  return b.compare(Cmp::EQ, b.iota(Type{DType::I64, {e, n}}, 0), group);
+}
+
+// Keeps x where `mask` (broadcast along `dims`) holds, zero elsewhere.
+Value keep(Builder& b, Value mask, const std::vector<int64_t>& dims, Value x) {
+  Value m = b.broadcast_in_dim(mask, x.shape(), dims);
+  return b.select(m, x, b.splat(0, x.type));
+}
+
+// _grouped_mm's outputs as the CPU kernel makes them (PyTorch's meta kernel
+// accepts bfloat16 only, CUDA's limit): [m, n] when one side is 2d, [g, m, n]
+// for 2d x 2d (one per group) and 3d x 3d (bmm).
+std::vector<at::Tensor> grouped_mm_meta(const CallArgs& a) {
+  const at::Tensor &x = a[0].toTensor(), &y = a[1].toTensor();
+  TORCH_CHECK(x.dim() >= 2 && x.dim() <= 3 && y.dim() >= 2 && y.dim() <= 3,
+              "_grouped_mm: operands must be 2d or 3d, got ", x.dim(), "d and ", y.dim(), "d");
+  const bool x2 = x.dim() == 2, y2 = y.dim() == 2;
+  TORCH_CHECK(a[2].isNone() == (!x2 && !y2),
+              "_grouped_mm: offs are needed exactly when an operand is 2d");
+  TORCH_CHECK(x.size(-1) == y.size(-2) || (x2 && y2),
+              "_grouped_mm: contraction sizes differ: ", x.sizes(), " and ", y.sizes());
+  const int64_t g = a[2].isNone() ? x.size(0) : a[2].toTensor().size(0);
+  std::vector<int64_t> shape;
+  if (x2 && y2)
+    shape = {g, x.size(0), y.size(1)};
+  else if (x2)
+    shape = {x.size(0), y.size(2)};
+  else if (y2)
+    shape = {x.size(1), y.size(1)};
+  else
+    shape = {x.size(0), x.size(1), y.size(2)};
+  c10::ScalarType dt = a[4].isNone() ? x.scalar_type() : a[4].toScalarType();
+  return {at::empty(shape, x.options().dtype(dt).device(c10::kMeta))};
+}
+
+TPU_LOWERING(nn_grouped_mm) {
+  spec("_grouped_mm", {.meta = grouped_mm_meta});
+  // (self, mat2, offs?, bias?, out_dtype?): one matmul per group of rows (2d x 3d),
+  // columns (3d x 2d) or contraction slices (2d x 2d, one output per group), with
+  // the groups' ends in offs; 3d x 3d is bmm. Every group is computed and the
+  // right one selected, so the shapes stay static (no read of offs on the host).
+  reg("_grouped_mm", [](Ctx& c) -> V {
+    TORCH_CHECK(c.is_none(3), "[tpu] _grouped_mm: bias is not supported (as on CUDA)");
+    DType t = math_dtype(c), out = c.out(0).dtype;
+    DType in = promote(c.in(0).dtype(), c.in(1).dtype());
+    Builder& b = c.b;
+    Value x = b.convert(c.in(0), in), y = b.convert(c.in(1), in);
+    const bool x2 = x.rank() == 2, y2 = y.rank() == 2;
+    if (!x2 && !y2) return {b.convert(matmul(b, x, y, t), out)};
+    Value offs = c.in(2);
+    if (x2 && !y2) {                                       // [m, k] x [g, k, n]: rows grouped
+      Value r = b.dot_general(x, y, {}, {}, {1}, {1}, t);  // [m, g, n]
+      Value mask = b.transpose(group_mask(b, offs, x.shape()[0]), {1, 0});
+      return {b.convert(reduce_sum(b, keep(b, mask, {0, 1}, r), {1}, false), out)};
+    }
+    if (!x2 && y2) {                                       // [g, m, k] x [k, n]: columns grouped
+      Value r = b.dot_general(x, y, {}, {}, {2}, {0}, t);  // [g, m, n]
+      Value mask = group_mask(b, offs, y.shape()[1]);
+      return {b.convert(reduce_sum(b, keep(b, mask, {0, 2}, r), {0}, false), out)};
+    }
+    // [m, s] x [s, n]: the contraction grouped, one [m, n] per group. Both
+    // sides are masked, so values outside a group (even inf) never enter it.
+    const int64_t g = offs.shape()[0], m = x.shape()[0], s = x.shape()[1], n = y.shape()[1];
+    Value mask = group_mask(b, offs, s);
+    Value xs = keep(b, mask, {0, 2}, b.broadcast_in_dim(x, {g, m, s}, {1, 2}));
+    Value ys = keep(b, mask, {0, 1}, b.broadcast_in_dim(y, {g, s, n}, {1, 2}));
+    return {b.convert(b.dot_general(xs, ys, {0}, {0}, {2}, {1}, t), out)};
+  });
+}
+
 TPU_LOWERING(nn_layer_norm) {
   // (input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
   reg("native_layer_norm", [](Ctx& c) -> V {

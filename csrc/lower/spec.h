@@ -52,6 +52,9 @@ struct Spec {
   // Where PyTorch's meta kernel disagrees with its CPU kernel (the reference),
   // this fixes the meta outputs to the CPU's metadata.
   void (*fix_shapes)(const CallArgs& args, std::vector<at::Tensor>& outs) = nullptr;
+  // Where PyTorch's meta kernel rejects calls its CPU kernel runs (it checks
+  // CUDA's limits), the outputs' metadata (meta tensors) instead of it.
+  std::vector<at::Tensor> (*meta)(const CallArgs& args) = nullptr;
 };
 
 void spec(const std::string& base, Spec s);
