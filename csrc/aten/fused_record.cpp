@@ -143,7 +143,8 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   // Values whose sizes came from tensor values run op by op (host_ops.h),
   // after everything recorded before them.
   if (value_sized_call(storages)) {
-    fused_flush("value_sized");
+    // Inside nonzero & co. the cut is the data-dependent read's own.
+    fused_flush(in_value_sized_scope() ? "data_dependent" : "value_sized");
     return strict_run(op, info, stack);
   }
 

@@ -276,6 +276,8 @@ void note_value_size(int64_t n) {
 ValueSizedScope::ValueSizedScope() { ++value_sized_depth; }
 ValueSizedScope::~ValueSizedScope() { --value_sized_depth; }
 
+bool in_value_sized_scope() { return value_sized_depth > 0; }
+
 bool value_sized_call(const std::vector<DeviceStorage*>& storages) {
   if (value_sized_depth > 0) return true;
   for (const DeviceStorage* st : storages)

@@ -45,6 +45,8 @@ class ValueSizedScope {
   ValueSizedScope(const ValueSizedScope&) = delete;
   ValueSizedScope& operator=(const ValueSizedScope&) = delete;
 };
+// True inside a ValueSizedScope (a value-dependent kernel is running).
+bool in_value_sized_scope();
 // True inside a ValueSizedScope or when a storage is value-sized.
 bool value_sized_call(const std::vector<DeviceStorage*>& storages);
 // Storages of the call's arguments that it only reads (not out= or in-place).
