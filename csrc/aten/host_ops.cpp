@@ -80,6 +80,18 @@ std::string signature(const OpInfo& info, const torch::jit::Stack& stack, size_t
   return s;
 }
 
+// Calls f on each tensor of an argument or return: a Tensor, the elements
+// of a Tensor[] and the present elements of a Tensor?[].
+template <class F>
+void each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) f(v.toTensor());
+  if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  if (v.isList())
+    for (const c10::IValue& e : v.toList())
+      if (e.isTensor()) f(e.toTensor());
+}
+
 bool small_int_tensor(const at::Tensor& t) {
   return !t.defined() || c10::isIntegralType(t.scalar_type(), /*includeBool=*/true);
 }
@@ -92,18 +104,12 @@ bool eligible(const torch::jit::Stack& stack, size_t first, size_t n,
   size_t bytes = 0;
   for (const DeviceStorage* st : storages) bytes += st->nbytes;
   if (bytes > kMaxStorageBytes) return false;
+  bool ok = true;
   for (size_t i = 0; i < n; ++i) {
-    const c10::IValue& v = stack[first + i];
-    if (v.isGenerator()) return false;
-    if (v.isTensor() && !small_int_tensor(v.toTensor())) return false;
-    if (v.isTensorList())
-      for (const at::Tensor& t : v.toTensorList())
-        if (!small_int_tensor(t)) return false;
-    if (v.isList())
-      for (const c10::IValue& e : v.toList())
-        if (e.isTensor() && !small_int_tensor(e.toTensor())) return false;
+    if (stack[first + i].isGenerator()) return false;
+    each_tensor(stack[first + i], [&](const at::Tensor& t) { ok = ok && small_int_tensor(t); });
   }
-  return true;
+  return ok;
 }
 
 // Host copies of whole device storages, so every view reads and writes the
@@ -294,25 +300,15 @@ std::vector<DeviceStorage*> read_storages(const c10::OperatorHandle& op,
   };
   for (size_t i = 0; i < n; ++i) {
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) continue;
-    const c10::IValue& v = stack[first + i];
-    if (v.isTensor()) add(v.toTensor());
-    if (v.isTensorList())
-      for (const at::Tensor& t : v.toTensorList()) add(t);
-    if (v.isList())
-      for (const c10::IValue& e : v.toList())
-        if (e.isTensor()) add(e.toTensor());
+    each_tensor(stack[first + i], add);
   }
   return out;
 }
 
 void mark_value_sized_outputs(const torch::jit::Stack& stack, size_t n_returns,
                               const std::vector<DeviceStorage*>& read) {
-  for (size_t i = stack.size() - n_returns; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor()) mark(v.toTensor(), read);
-    if (v.isTensorList())
-      for (const at::Tensor& t : v.toTensorList()) mark(t, read);
-  }
+  for (size_t i = stack.size() - n_returns; i < stack.size(); ++i)
+    each_tensor(stack[i], [&](const at::Tensor& t) { mark(t, read); });
 }
 
 std::vector<std::pair<std::string, int64_t>> host_op_report() {
