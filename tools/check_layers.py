@@ -39,7 +39,9 @@ DEPENDS = {
 ATEN_RANKS = (
     ("registration", ("ops", "dynamic_ops", "meta_kernels", "device", "autocast")),
     ("mode decided", ("dispatch",)),
-    ("runners", ("strict", "fused", "fused_record", "fused_run", "fused_graph", "copy", "host_ops")),
+    ("runners", (
+        "strict", "fused", "fused_record", "fused_run", "fused_graph", "copy", "host_ops", "replay",
+    )),
     ("program", ("program", "output_meta", "foreach", "op_info")),
     ("launcher", ("launch",)),
     ("runtime", ("runtime", "events", "generator")),

@@ -26,6 +26,10 @@ void fused_flush(const char* reason);
 void fused_sync(const DeviceStorage& st, const char* reason, bool write = false);
 // True when the recorded graph reads or writes `st`.
 bool fused_holds(const DeviceStorage& st);
+// While a torch.compile graph records (this thread), no loop or read-ahead
+// cuts: the graph's own ends are the cuts, so it runs as one program.
+void set_compiled_graph(bool on);
+bool in_compiled_graph();
 // Counts of graph cuts by reason.
 std::vector<std::pair<std::string, int64_t>> fused_cut_report();
 // Bindings hook: where in Python the current op was called (for errors and

@@ -67,8 +67,23 @@ struct GraphSlot {
   SlotState state;
 };
 
+// What the next flush ran, filled while Graph::capture is set (replay.cpp
+// captures a compiled graph's program and where its buffers come from).
+struct FlushCapture {
+  int parts = 0;  // programs the flush ran (a replay needs exactly one)
+  std::shared_ptr<const ProgramEntry> entry;
+  std::vector<pjrt::BufferPtr> inputs;      // the program's arguments as gathered
+  std::vector<DeviceStorage*> in_storage;   // per argument: its storage (Storage inputs)
+  std::vector<char> donated;                // per argument
+  std::vector<int64_t> rng_numel;           // per argument: random numbers drawn (Rng inputs)
+  std::vector<char> rng_generator;          // per argument: drawn from an explicit generator
+  std::vector<DeviceStorage*> out_storage;  // per result: the storage it became (null: none)
+  std::vector<char> out_fresh;              // per result: a storage made during the graph
+};
+
 struct Graph {
   std::recursive_mutex mu;
+  FlushCapture* capture = nullptr;
   std::vector<Node> nodes;
   std::vector<GraphSlot> slots;
   std::unordered_map<const DeviceStorage*, int> slot_of;

@@ -166,10 +166,13 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   }
 
   const uint64_t h = std::hash<std::string>{}(key);
+  // A compiled graph is one program: its own boundaries are the cuts.
+  const bool compiled = in_compiled_graph();
   if (!g.nodes.empty()) {
-    if (g.loop.cut_before(h)) {
+    if (!compiled && g.loop.cut_before(h)) {
       flush_locked(g, "loop_boundary");
-    } else if (!g.read_ahead.empty() && g.read_ahead.cut_here(g.prefix, g.nodes.size())) {
+    } else if (!compiled && !g.read_ahead.empty() &&
+               g.read_ahead.cut_here(g.prefix, g.nodes.size())) {
       flush_locked(g, "read_ahead");
       g.ahead = true;
     } else if (g.nodes.size() >= max_ops()) {
@@ -242,6 +245,12 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   }
   push_returns(info, co.ret_lists, fresh, *stack, first);
 }
+
+namespace {
+thread_local bool t_compiled_graph = false;
+}
+void set_compiled_graph(bool on) { t_compiled_graph = on; }
+bool in_compiled_graph() { return t_compiled_graph; }
 
 bool fused_holds(const DeviceStorage& st) {
   if (!g_nonempty) return false;

@@ -230,8 +230,36 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
   }
   GraphFeed feed(g, order);
   TraceScope trace("torchtpu::execute fused_graph", static_cast<int64_t>(order.size()));
-  std::vector<pjrt::BufferPtr> results =
-      launch(*entry, gather_inputs(*entry, feed, g.device), g.device);
+  std::vector<pjrt::BufferPtr> inputs = gather_inputs(*entry, feed, g.device);
+  if (FlushCapture* c = g.capture) {
+    c->parts++;
+    c->entry = entry;
+    c->inputs = inputs;
+    c->in_storage.assign(inputs.size(), nullptr);
+    c->donated.assign(inputs.size(), 0);
+    c->rng_numel.assign(inputs.size(), -1);
+    c->rng_generator.assign(inputs.size(), 0);
+    for (size_t i = 0; i < entry->inputs.size(); ++i) {
+      const InputSource& in = entry->inputs[i];
+      if (in.kind == InputSource::Storage) {
+        c->in_storage[i] = g.slots[in.index].st;
+        c->donated[i] = g.slots[in.index].state.donate;
+      } else if (in.kind == InputSource::Rng) {
+        const Node& n = g.nodes[order[in.node]];
+        c->rng_numel[i] = n.tmpl->rng_numel;
+        c->rng_generator[i] = find_generator(n.args, 0, n.args.size()).has_value();
+      }
+    }
+    c->out_storage.clear();
+    c->out_fresh.clear();
+    for (int o : outs) {
+      c->out_storage.push_back(g.slots[o].st);
+      // Made by the graph: a call's fresh output, or an out= tensor's storage
+      // allocated empty on the way.
+      c->out_fresh.push_back(g.slots[o].state.produced || !g.slots[o].state.has_value);
+    }
+  }
+  std::vector<pjrt::BufferPtr> results = launch(*entry, inputs, g.device);
   metrics().fused_graphs++;
   metrics().fused_outputs += static_cast<int64_t>(results.size());
   return results;

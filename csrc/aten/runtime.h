@@ -116,8 +116,9 @@ struct Metrics {
   // inputs, values materialized (live tensors only).
   std::atomic<int64_t> fused_ops{0}, fused_graphs{0}, fused_cache_hits{0}, donated_bytes{0},
       fused_outputs{0};
-  // torch.compile: ATen graphs handed to the tpu backend.
-  std::atomic<int64_t> compiled_graphs{0};
+  // torch.compile: ATen graphs handed to the tpu backend, and runs of their
+  // captured programs (replay.h) that skipped recording the graph's ops.
+  std::atomic<int64_t> compiled_graphs{0}, graph_replays{0};
   // PyTorch meta kernel runs (output metadata of a call signature not seen before).
   std::atomic<int64_t> meta_calls{0};
   // Tiered compiles (launch.h): programs first compiled quick, optimized builds

@@ -13,6 +13,7 @@
 #include "aten/launch.h"
 #include "aten/op_info.h"
 #include "aten/ops.h"
+#include "aten/replay.h"
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
 #include "dist/backend.h"
@@ -48,6 +49,7 @@ py::dict metrics_dict() {
   d["donated_bytes"] = m.donated_bytes.load();
   d["fused_outputs"] = m.fused_outputs.load();
   d["compiled_graphs"] = m.compiled_graphs.load();
+  d["graph_replays"] = m.graph_replays.load();
   d["meta_calls"] = m.meta_calls.load();
   d["quick_compiles"] = m.quick_compiles.load();
   d["tier_ups"] = m.tier_ups.load();
@@ -375,6 +377,23 @@ PYBIND11_MODULE(_C, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Marks a tpu_local rank as gone (its thread raised): the other ranks fail at once.");
   m.def("count_compiled_graph", [] { metrics().compiled_graphs++; });
+  m.def(
+      "set_compiled_graph",
+      [](bool on) {
+        bool was = in_compiled_graph();
+        set_compiled_graph(on);
+        return was;
+      },
+      "Marks this thread as recording a torch.compile graph (no loop or read-ahead cuts); "
+      "returns the previous state.");
+  m.def("graph_capture_begin", &capture_begin,
+        "Starts capturing the compiled graph this thread records next (replay.h).");
+  m.def("graph_release", &release_graph, "Frees a captured compiled graph.");
+  m.def(
+      "graph_capture_refusal", [] { return capture_refusal(); },
+      "Why this thread's last capture returned no replay.");
+  m.def("graph_capture_refuse", &refuse_capture,
+        "Ends this thread's capture with no replay, for the reason given.");
   m.def("metrics", &metrics_dict);
   m.def("cache_stats", &cache_stats_dict,
         "Compile cache counters of this process (requests, memory/disk/shared/pack hits, misses =\n"
@@ -415,25 +434,11 @@ PYBIND11_MODULE(_C, m) {
       "Waits until the background compiles of optimized builds are done.");
   m.def("reset_metrics", [] {
     auto& x = metrics();
-    for (auto* c : {&x.ops,
-                    &x.compiles,
-                    &x.cache_hits,
-                    &x.fallbacks,
-                    &x.host_syncs,
-                    &x.bytes_to_device,
-                    &x.bytes_to_host,
-                    &x.executions,
-                    &x.compile_ns,
-                    &x.fused_ops,
-                    &x.fused_graphs,
-                    &x.fused_cache_hits,
-                    &x.donated_bytes,
-                    &x.fused_outputs,
-                    &x.compiled_graphs,
-                    &x.meta_calls,
-                    &x.quick_compiles,
-                    &x.tier_ups,
-                    &x.tier_up_compiles,
+    for (auto* c : {&x.ops,           &x.compiles,        &x.cache_hits,      &x.fallbacks,
+                    &x.host_syncs,    &x.bytes_to_device, &x.bytes_to_host,   &x.executions,
+                    &x.compile_ns,    &x.fused_ops,       &x.fused_graphs,    &x.fused_cache_hits,
+                    &x.donated_bytes, &x.fused_outputs,   &x.compiled_graphs, &x.graph_replays,
+                    &x.meta_calls,    &x.quick_compiles,  &x.tier_ups,        &x.tier_up_compiles,
                     &x.tier_up_ns})
       *c = 0;
     reset_program_report();

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,8 +65,10 @@ def compile_report(clear: bool = False) -> list[dict]:
     """What the tpu backend compiled and why, oldest first: ``recompile`` (Dynamo
     traced a frame again; ``reason`` is its guard failure), ``program`` (a graph ran
     at sizes it had not run at: a new bucket, or exact sizes and why; ``compiles`` is
-    the number of XLA programs that call obtained) and ``fallback`` (a graph that
-    cannot run padded, naming the op). Also logged to the ``torchtpu.compile`` logger."""
+    the number of XLA programs that call obtained), ``fallback`` (a graph that
+    cannot run padded, naming the op) and ``no_replay`` (a graph whose program cannot
+    be launched directly on later calls, and why). Also logged to the
+    ``torchtpu.compile`` logger."""
     out = list(_REPORT)
     if clear:
         _REPORT.clear()
@@ -97,12 +100,93 @@ def _graph_label() -> str:
 # --------------------------------------------------------------------------- running
 
 
-def _run_fused(gm: Callable, args: Sequence[Any]) -> Any:
+def _run_fused(gm: Callable, args: Sequence[Any], capture: bool = False) -> tuple[Any, int]:
+    """Runs the graph as one Fused Eager program; with ``capture``, also returns the
+    handle of its captured program (0 when it cannot be replayed)."""
     _C.flush_reason("compiled_graph")
+    handle = 0
     with eager_mode("fused"):
-        out = gm(*args)
+        was = _C.set_compiled_graph(True)
+        try:
+            if capture:
+                _C.graph_capture_begin()
+            out = gm(*args)
+            if capture:
+                handle = _capture_end(args, out)
+        finally:
+            _C.set_compiled_graph(was)
         _C.flush_reason("compiled_graph")
-    return out
+    return out, handle
+
+
+_SCALARS = (int, float, bool, type(None))
+
+
+def _capture_end(args: Sequence[Any], out: Any) -> int:
+    """Ends a capture (which runs the graph's program); 0 when the graph takes or
+    returns what a replay cannot give: host tensors, nested outputs."""
+    ins = [a for a in args if isinstance(a, torch.Tensor)]
+    outs = out if isinstance(out, (list, tuple)) else None
+    ok = (
+        outs is not None
+        and all(a.device.type == "tpu" for a in ins)
+        and all(
+            (isinstance(o, torch.Tensor) and o.device.type == "tpu") or isinstance(o, _SCALARS)
+            for o in outs
+        )
+        and any(isinstance(o, torch.Tensor) for o in outs)
+    )
+    if not ok:
+        _C.flush_reason("compiled_graph")
+        _C.graph_capture_refuse("the graph takes a host tensor or returns other than tpu tensors")
+        return 0
+    return torch.ops.torchtpu._graph_capture_end(
+        ins, [o for o in outs if isinstance(o, torch.Tensor)]
+    )
+
+
+class _Replays:
+    """The captured programs of one compiled graph, one per size key: a later call
+    whose arguments have the layout of the captured call launches the program
+    directly instead of recording the graph's ops again (TORCHTPU_GRAPH_REPLAY=0
+    turns this off). The first call of a key captures; a key that cannot be
+    captured runs the graph every time."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.enabled = os.environ.get("TORCHTPU_GRAPH_REPLAY", "1") != "0"
+        self.by_key: dict = {}  # key -> (handle, output template) or None
+
+    def run(self, gm: Callable, args: list, key: Any) -> Any:
+        got = self.by_key.get(key, False)
+        if got:
+            handle, template, kind = got
+            outs = torch.ops.torchtpu._graph_replay(
+                handle, [a for a in args if isinstance(a, torch.Tensor)]
+            )
+            if outs:
+                return kind(outs[v] if t else v for t, v in template)
+            return _run_fused(gm, args)[0]  # another layout than the captured call's
+        capture = self.enabled and got is False
+        out, handle = _run_fused(gm, args, capture)
+        if capture:
+            self.by_key[key] = None
+            if not handle:
+                _record("no_replay", self.label, _C.graph_capture_refusal())
+            else:
+                n = itertools.count()
+                template = [
+                    (True, next(n)) if isinstance(o, torch.Tensor) else (False, o) for o in out
+                ]
+                self.by_key[key] = (handle, template, type(out))
+        return out
+
+    def __del__(self) -> None:
+        # At interpreter shutdown the module may be gone first.
+        release = getattr(_C, "graph_release", None)
+        for got in self.by_key.values():
+            if got and release is not None:
+                release(got[0])
 
 
 def _symbol_values(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], tuple]:
@@ -137,6 +221,7 @@ def _exact(gm: torch.fx.GraphModule, label: str, why: str) -> Callable:
     _C.count_compiled_graph()
     read = _symbol_values(gm)
     seen: set = set()
+    replays = _Replays(label)
 
     def run(args: list) -> Any:
         key = read(args)
@@ -144,7 +229,7 @@ def _exact(gm: torch.fx.GraphModule, label: str, why: str) -> Callable:
         if first:
             seen.add(key)
             before = _C.metrics()["compiles"]
-        out = _run_fused(gm, args)
+        out = replays.run(gm, args, key)
         if first:
             reason = f"sizes {_sizes(key)} ({why})" if key else "static sizes"
             _record("program", label, reason, compiles=_C.metrics()["compiles"] - before)
@@ -172,10 +257,11 @@ def _padded(plan: Any, gm: torch.fx.GraphModule, buckets: Any, label: str) -> Ca
             seen.add(key)
             before = _C.metrics()["compiles"]
         if bs is None:
-            out = _run_fused(gm, args)
+            out = _run_fused(gm, args)[0]
         else:
             padded = plan.prepare(args, ns, bs)
-            out = plan.finish(_run_fused(plan.gm, [*padded, Ctx(ns, bs, plan.device)]), ns, bs)
+            out = _run_fused(plan.gm, [*padded, Ctx(ns, bs, plan.device)])[0]
+            out = plan.finish(out, ns, bs)
         if first:
             if bs is None:
                 reason = f"exact sizes {_sizes(real)}: {why}"

@@ -1,0 +1,327 @@
+#include "aten/replay.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "aten/fused.h"
+#include "aten/fused_graph.h"
+#include "aten/generator.h"
+#include "aten/host_ops.h"
+#include "aten/launch.h"
+#include "aten/program.h"
+
+namespace torchtpu::aten {
+namespace {
+
+constexpr int kDrop = -3;
+
+// An argument's layout as the program saw it: a replay needs the same.
+struct ArgSig {
+  int device;
+  c10::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
+  size_t nbytes;
+  DType st_dtype;
+  bool has_value;
+  int same_as;  // an earlier argument with the same storage, or -1
+
+  bool operator==(const ArgSig&) const = default;
+};
+
+// An output: a view of a storage the program created, or of an argument's.
+struct OutView {
+  bool fresh;
+  int index;  // fresh storage (by result) or argument
+  c10::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
+};
+
+struct Replay {
+  std::shared_ptr<const ProgramEntry> entry;
+  int device = 0;
+  std::vector<ArgSig> args;
+  // Per program input: an argument's storage (>= 0), a constant (-1: the
+  // captured buffer: host tensors, packed scalars) or random numbers (-2).
+  std::vector<int> in_arg;
+  std::vector<pjrt::BufferPtr> in_const;
+  std::vector<int64_t> in_rng;
+  std::vector<char> in_donated;
+  // Per result: written to an argument's storage (>= 0), fresh (-1) or
+  // dropped (kDrop: its storage died before the graph ran).
+  std::vector<int> res_arg;
+  std::vector<size_t> res_nbytes;
+  std::vector<OutView> outs;
+};
+
+std::mutex g_mu;
+std::unordered_map<int64_t, std::shared_ptr<const Replay>> g_replays;
+int64_t g_next = 0;
+
+struct Counters {
+  int64_t executions, fused_graphs, fused_ops, host_syncs, fallbacks, host_ops;
+  static Counters now() {
+    Metrics& m = metrics();
+    int64_t host = 0;
+    for (auto& [name, n] : host_op_report()) host += n;
+    return {m.executions, m.fused_graphs, m.fused_ops, m.host_syncs, m.fallbacks, host};
+  }
+};
+thread_local std::optional<Counters> t_begin;
+
+ArgSig signature(const at::Tensor& t, const std::vector<DeviceStorage*>& seen) {
+  const DeviceStorage& st = device_storage(t.storage());
+  int same = -1;
+  for (size_t j = 0; j < seen.size() && same < 0; ++j)
+    if (seen[j] == &st) same = static_cast<int>(j);
+  return {st.device,         t.scalar_type(),    t.sizes().vec(),
+          t.strides().vec(), t.storage_offset(), st.nbytes,
+          st.dtype,          st.has_value(),     same};
+}
+
+bool on_device(const at::Tensor& t) { return t.defined() && t.device().is_privateuseone(); }
+
+// The arguments' storages, or nullopt when one is not a tpu tensor.
+std::optional<std::vector<DeviceStorage*>> storages_of(at::TensorList args) {
+  std::vector<DeviceStorage*> st;
+  st.reserve(args.size());
+  for (const at::Tensor& t : args) {
+    if (!on_device(t)) return std::nullopt;
+    st.push_back(&device_storage(t.storage()));
+  }
+  return st;
+}
+
+int index_of(const std::vector<DeviceStorage*>& v, const DeviceStorage* s) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] == s) return static_cast<int>(i);
+  return -1;
+}
+
+thread_local std::string t_why;
+
+std::shared_ptr<Replay> refuse(std::string why) {
+  t_why = std::move(why);
+  return nullptr;
+}
+
+// The replay of what the flush ran, or null (t_why says why) when something escapes it.
+std::shared_ptr<Replay> build(const fused::FlushCapture& c, at::TensorList args,
+                              at::TensorList outs, int device) {
+  auto st = storages_of(args);
+  if (!st) return refuse("an argument is not a tpu tensor");
+  if (c.parts != 1 || !c.entry)
+    return refuse("the graph ran as " + std::to_string(c.parts) + " programs");
+  auto r = std::make_shared<Replay>();
+  r->entry = c.entry;
+  r->device = device;
+  std::vector<DeviceStorage*> seen;
+  for (const at::Tensor& a : args) {
+    r->args.push_back(signature(a, seen));
+    seen.push_back(&device_storage(a.storage()));
+  }
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const bool is_input = i < c.entry->inputs.size();
+    const auto kind = is_input ? c.entry->inputs[i].kind : InputSource::Host;
+    int arg = -1;
+    if (kind == InputSource::Storage) {
+      arg = index_of(*st, c.in_storage[i]);
+      if (arg < 0) return refuse("the graph reads a tpu storage that is not an argument");
+    } else if (kind == InputSource::Rng) {
+      if (c.rng_generator[i]) return refuse("the graph draws from an explicit generator");
+      arg = -2;
+    }
+    r->in_arg.push_back(arg);
+    r->in_const.push_back(arg == -1 ? c.inputs[i] : nullptr);
+    r->in_rng.push_back(kind == InputSource::Rng ? c.rng_numel[i] : -1);
+    r->in_donated.push_back(c.donated[i]);
+  }
+  std::vector<DeviceStorage*> results;
+  for (size_t k = 0; k < c.out_storage.size(); ++k) {
+    DeviceStorage* s = c.out_storage[k];
+    int arg = s ? index_of(*st, s) : kDrop;
+    if (arg == -1 && !c.out_fresh[k])
+      return refuse("the graph writes a tpu storage that is not an argument");
+    r->res_arg.push_back(arg);
+    r->res_nbytes.push_back(s ? s->nbytes : 0);
+    results.push_back(s);
+  }
+  std::vector<char> used(results.size(), 0);
+  for (const at::Tensor& o : outs) {
+    if (!on_device(o)) return refuse("an output is not a tpu tensor");
+    const DeviceStorage* s = &device_storage(o.storage());
+    OutView v{false,           index_of(*st, s),  o.scalar_type(),
+              o.sizes().vec(), o.strides().vec(), o.storage_offset()};
+    if (v.index < 0) {
+      int k = index_of(results, s);
+      if (k < 0 || r->res_arg[k] >= 0) return refuse("an output was made outside the program");
+      v = {true, k, v.dtype, std::move(v.sizes), std::move(v.strides), v.offset};
+      used[k] = 1;
+    }
+    r->outs.push_back(std::move(v));
+  }
+  // A fresh value that no output holds lives somewhere a replay cannot reach.
+  for (size_t k = 0; k < results.size(); ++k)
+    if (r->res_arg[k] == -1 && !used[k])
+      return refuse("a value the graph made is held outside its outputs");
+  return r;
+}
+
+// A new tensor viewing `st` (a tpu storage) with the recorded geometry.
+at::Tensor view_of(const c10::Storage& st, const OutView& v) {
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(st), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::scalarTypeToTypeMeta(v.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(v.sizes, v.strides, v.offset);
+  return t;
+}
+
+c10::Storage fresh_storage(size_t nbytes, pjrt::BufferPtr buf, int device) {
+  std::optional<c10::DeviceGuard> guard;
+  if (device != current_device())
+    guard.emplace(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+  c10::Storage s(c10::Storage::use_byte_size_t(), nbytes, allocator(), /*resizable=*/true);
+  DeviceStorage& d = device_storage(s);
+  d.dtype = buf->dtype();
+  d.buffer = std::move(buf);
+  return s;
+}
+
+}  // namespace
+
+void capture_begin() { t_begin = Counters::now(); }
+
+int64_t capture_end(at::TensorList args, at::TensorList outs) {
+  fused::Graph& g = fused::graph();
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  std::optional<Counters> before = std::exchange(t_begin, std::nullopt);
+  const Counters now = Counters::now();
+  // Everything the graph did was recorded into this one graph: no program ran,
+  // no host read, fallback or host op happened on the way.
+  const bool whole = before && !g.nodes.empty() && now.executions == before->executions &&
+                     now.fused_graphs == before->fused_graphs &&
+                     now.host_syncs == before->host_syncs && now.fallbacks == before->fallbacks &&
+                     now.host_ops == before->host_ops &&
+                     now.fused_ops - before->fused_ops == static_cast<int64_t>(g.nodes.size());
+  fused::FlushCapture cap;
+  const int device = g.device;
+  if (whole) g.capture = &cap;
+  try {
+    fused::flush_locked(g, "compiled_graph");
+  } catch (...) {
+    g.capture = nullptr;
+    throw;
+  }
+  g.capture = nullptr;
+  if (!whole) {
+    t_why = !before ? "no capture was started"
+            : g.nodes.empty() && now.fused_ops == before->fused_ops
+                ? "the graph recorded no ops"
+                : "the graph did not run as one recorded program (a cut, a host read, "
+                  "a fallback or an op run on its own)";
+    return 0;
+  }
+  std::shared_ptr<Replay> r = build(cap, args, outs, device);
+  if (!r) return 0;
+  std::lock_guard<std::mutex> l(g_mu);
+  g_replays.emplace(++g_next, std::move(r));
+  return g_next;
+}
+
+std::vector<at::Tensor> replay_graph(int64_t handle, at::TensorList args) {
+  std::shared_ptr<const Replay> r;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = g_replays.find(handle);
+    TORCH_CHECK(it != g_replays.end(), "[tpu] no captured graph ", handle);
+    r = it->second;
+  }
+  auto st = storages_of(args);
+  if (!st || args.size() != r->args.size()) return {};
+  // Values still recorded by Fused Eager run first (their buffers are read).
+  for (DeviceStorage* s : *st)
+    if (s->pending) {
+      fused_flush("compiled_graph");
+      break;
+    }
+  std::vector<DeviceStorage*> seen;
+  seen.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    if ((*st)[i]->error) TORCH_CHECK(false, *(*st)[i]->error);
+    if (!(signature(args[i], seen) == r->args[i])) return {};
+    seen.push_back((*st)[i]);
+  }
+  const size_t n_in = r->in_arg.size();
+  // A donated buffer must have no other holder (the program consumes it).
+  for (size_t i = 0; i < n_in; ++i)
+    if (r->in_donated[i] && (*st)[r->in_arg[i]]->buffer.use_count() != 1) return {};
+  std::vector<pjrt::BufferPtr> inputs(n_in);
+  for (size_t i = 0; i < n_in; ++i) {
+    const int a = r->in_arg[i];
+    if (a >= 0) {
+      inputs[i] = (*st)[a]->buffer;
+    } else if (a == -1) {
+      inputs[i] = r->in_const[i];
+    } else {
+      uint64_t state[2];
+      philox_take(std::nullopt, r->device, r->in_rng[i], state);
+      int64_t dims[1] = {2};
+      inputs[i] = client().buffer_from_host(state, DType::U64, dims, r->device);
+    }
+  }
+  std::vector<pjrt::BufferPtr> results = launch(*r->entry, inputs, r->device);
+  inputs.clear();
+  metrics().graph_replays++;
+  std::vector<c10::Storage> fresh(results.size());
+  for (size_t k = 0; k < results.size(); ++k) {
+    const int a = r->res_arg[k];
+    if (a >= 0) {
+      (*st)[a]->dtype = results[k]->dtype();
+      (*st)[a]->buffer = std::move(results[k]);
+    } else if (a == -1) {
+      fresh[k] = fresh_storage(r->res_nbytes[k], std::move(results[k]), r->device);
+    }
+  }
+  std::vector<at::Tensor> outs;
+  outs.reserve(r->outs.size());
+  for (const OutView& v : r->outs)
+    outs.push_back(view_of(v.fresh ? fresh[v.index] : args[v.index].storage(), v));
+  return outs;
+}
+
+const std::string& capture_refusal() { return t_why; }
+
+void refuse_capture(const std::string& why) {
+  t_begin.reset();
+  t_why = why;
+}
+
+void release_graph(int64_t handle) {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_replays.erase(handle);
+}
+
+namespace {
+
+int64_t capture_end_op(at::TensorList args, at::TensorList outs) { return capture_end(args, outs); }
+std::vector<at::Tensor> replay_op(int64_t handle, at::TensorList args) {
+  return replay_graph(handle, args);
+}
+
+}  // namespace
+
+// Through the dispatcher, so Python hands tensors without torch's Python API.
+TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
+  m.def("_graph_capture_end(Tensor[] args, Tensor[] outs) -> int", TORCH_FN(capture_end_op));
+  m.def("_graph_replay(int handle, Tensor[] args) -> Tensor[]", TORCH_FN(replay_op));
+}
+
+}  // namespace torchtpu::aten

@@ -1,0 +1,134 @@
+"""Replay of compiled graphs (csrc/aten/replay.cpp): after its first call, a graph that
+ran as one program launches that program directly while its arguments keep their
+layout; outputs, in-place writes to arguments, aliases and random numbers are those of
+recording the graph again."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchtpu
+from conftest import assert_tpu_close
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+from models import MLP
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _counts() -> tuple[int, int]:
+    m = torchtpu.metrics()
+    return m["graph_replays"], m["fused_ops"]
+
+
+def _train_mlp(steps: int) -> list[float]:
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    model = MLP().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    fwd = torch.compile(model, backend="tpu")
+    x = torch.randn(16, 32, generator=gen).to("tpu")
+    y = torch.randint(0, 10, (16,), generator=gen).to("tpu")
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(fwd(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_training_replays_forward_and_backward(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_GRAPH_REPLAY", "0")
+    before, _ = _counts()
+    off = _train_mlp(6)
+    assert _counts()[0] == before
+    monkeypatch.delenv("TORCHTPU_GRAPH_REPLAY")
+    torch._dynamo.reset()
+    on = _train_mlp(6)
+    # Every step but the first (which captures) launches the forward's and the
+    # backward's programs directly.
+    assert _counts()[0] - before == 2 * 5
+    assert on == off  # bit-identical to recording every call
+    assert on[-1] < on[0]
+
+
+def test_replay_records_no_ops():
+    fn = torch.compile(lambda x, w: torch.tanh(x @ w).sum(0), backend="tpu")
+    x, w = torch.randn(8, 4, device="tpu"), torch.randn(4, 3, device="tpu")
+    fn(x, w)
+    replays, ops = _counts()
+    for _ in range(5):
+        got = fn(x, w)
+    r2, ops2 = _counts()
+    assert (r2 - replays, ops2 - ops) == (5, 0)
+    assert_tpu_close(got, torch.tanh(x.cpu() @ w.cpu()).sum(0))
+
+
+def test_in_place_writes_and_aliases_of_arguments():
+    def fn(x, y):
+        x.add_(1)
+        return x.view(-1)[:3], y * 2, x.t()
+
+    cfn = torch.compile(fn, backend="tpu")
+    x, y = torch.zeros(3, 2, device="tpu"), torch.randn(4, device="tpu")
+    xc, yc = x.cpu(), y.cpu()
+    for _ in range(4):
+        got = cfn(x, y)
+        want = fn(xc, yc)
+        for g, w in zip(got, want):
+            assert_tpu_close(g, w)
+    assert_tpu_close(x, torch.full((3, 2), 4.0))
+    # The aliases share the argument's storage, as in eager.
+    got[0].fill_(-1)
+    assert float(x[0, 0]) == -1.0 and float(got[2][0, 0]) == -1.0
+
+
+def test_outputs_sharing_a_new_storage_stay_shared():
+    def fn(x):
+        y = x * 2
+        return y, y.view(-1)
+
+    cfn = torch.compile(fn, backend="tpu")
+    x = torch.randn(2, 3, device="tpu")
+    for _ in range(3):
+        a, b = cfn(x)
+    assert torchtpu.metrics()["graph_replays"] > 0
+    b.zero_()
+    assert float(a.abs().sum()) == 0.0
+
+
+def test_another_layout_runs_the_graph():
+    cfn = torch.compile(lambda x: x.exp() + 1, backend="tpu")
+    base = torch.randn(10, device="tpu")
+    for lo in (0, 0, 5, 5, 2):  # same sizes, other storage offsets
+        assert_tpu_close(cfn(base[lo : lo + 5]), base.cpu()[lo : lo + 5].exp() + 1)
+
+
+def test_random_numbers_are_fresh_on_every_replay():
+    cfn = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="tpu")
+    x = torch.ones(64, device="tpu")
+    torch.manual_seed(3)
+    outs = [cfn(x).cpu() for _ in range(4)]
+    assert torchtpu.metrics()["graph_replays"] > 0
+    assert all(not torch.equal(outs[i], outs[i + 1]) for i in range(3))
+    # The same stream as recording every call.
+    torch._dynamo.reset()
+    os.environ["TORCHTPU_GRAPH_REPLAY"] = "0"
+    try:
+        cfn = torch.compile(lambda x: F.dropout(x, 0.5, training=True), backend="tpu")
+        torch.manual_seed(3)
+        ref = [cfn(x).cpu() for _ in range(4)]
+    finally:
+        del os.environ["TORCHTPU_GRAPH_REPLAY"]
+    assert all(torch.equal(a, b) for a, b in zip(outs, ref))
