@@ -217,28 +217,40 @@ def print_cold_vs_warm(how: str = "eager") -> None:
         print(f"WARNING: the warm run compiled {warm['stats']['misses']} programs (expected 0)")
 
 
-def print_compiled(batches, steps: int, gpt_row: tuple) -> None:
-    """GPT step under torch.compile (tpu backend, and Inductor on the CPU) next to eager."""
-    _, cpu, strict, fused = gpt_row[:4]
+def print_compiled(batches, rounds: int, steps: int) -> None:
+    """GPT step under torch.compile (tpu backend with Strict or Fused Eager around the
+    compiled model, and Inductor on the CPU) next to eager, in interleaved rounds."""
+    runs = {
+        "torch CPU eager": ("strict", Trainer(GPT, batches, "cpu")),
+        "torch.compile, Inductor (CPU)": ("strict", Trainer(GPT, batches, "cpu", "inductor")),
+        "tpu Strict Eager": ("strict", Trainer(GPT, batches, "tpu")),
+        "tpu Fused Eager": ("fused", Trainer(GPT, batches, "tpu")),
+        'torch.compile(backend="tpu"), Strict around': (
+            "strict",
+            Trainer(GPT, batches, "tpu", "tpu"),
+        ),
+        'torch.compile(backend="tpu"), Fused around': (
+            "fused",
+            Trainer(GPT, batches, "tpu", "tpu"),
+        ),
+    }
+    times: dict[str, list] = {name: [] for name in runs}
     t0 = time.perf_counter()
-    compiled, _ = step_time(GPT, batches, "tpu", steps, warmup=3, backend="tpu")
-    tpu_total = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    inductor, _ = step_time(GPT, batches, "cpu", steps, warmup=3, backend="inductor")
-    inductor_total = time.perf_counter() - t0
-    print("\n| GPT training step (AdamW) | ms | vs torch CPU eager |")
+    for r in range(rounds):
+        for name, (mode, trainer) in runs.items():
+            with torchtpu.eager_mode(mode):
+                trainer.run(3 if r == 0 else 1)  # warm-up (compiles); a mode switch flushes
+                settle(trainer.device)
+                times[name] += trainer.run(steps)
+    med = {name: _medians(t)[0] for name, t in times.items()}
+    cpu = med["torch CPU eager"]
+    print("\n| GPT training step (AdamW), interleaved rounds | ms | vs torch CPU eager |")
     print("|---|---:|---:|")
-    for name, t in (
-        ("torch CPU eager", cpu),
-        ("torch.compile, Inductor (CPU)", inductor),
-        ("tpu Strict Eager", strict),
-        ("tpu Fused Eager", fused),
-        ('torch.compile(backend="tpu")', compiled),
-    ):
+    for name, t in med.items():
         print(f"| {name} | {t * 1e3:.2f} | {t / cpu:.2f}x |")
     print(
-        f"\ntime for {steps + 3} compiled steps including compilation (this process's "
-        f"cache state): tpu backend {tpu_total:.1f} s, Inductor {inductor_total:.1f} s"
+        f"\n{rounds} rounds of {steps} steps each, medians; {time.perf_counter() - t0:.1f} s "
+        f"including compilation; graph replays: {torchtpu.metrics()['graph_replays']}"
     )
 
 
@@ -318,6 +330,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds per eager mode")
     ap.add_argument("--cache-only", action="store_true", help="only the cold/warm cache runs")
     ap.add_argument("--cold-only", action="store_true", help="only the cold-start runs")
+    ap.add_argument("--compiled-only", action="store_true", help="only the GPT step table")
     args = ap.parse_args()
     if args.cache_only:
         print_cold_vs_warm()
@@ -325,6 +338,10 @@ def main() -> None:
         return
     if args.cold_only:
         print_cold_start()
+        return
+    if args.compiled_only:
+        gen = torch.Generator().manual_seed(0)
+        print_compiled([copy_task_batch(gen, 8, 32, 64) for _ in range(4)], args.rounds, args.steps)
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -372,7 +389,7 @@ def main() -> None:
             f"| {name} | {c * 1e3:.2f} | {s * 1e3:.2f} | {f * 1e3:.2f} | {s / f:.2f}x "
             f"| {f / c:.2f}x | {sh * 1e3:.2f} | {fh * 1e3:.2f} | {per:.0f} |"
         )
-    print_compiled(gpt_batches, args.steps, steps[-1])
+    print_compiled(gpt_batches, args.rounds, args.steps)
     print(
         f"\ncompiles: {m['compiles']}, cache hits: {m['cache_hits']}, "
         f"compile seconds: {m['compile_seconds']:.1f}, fused graphs: {m['fused_graphs']} "

@@ -32,8 +32,6 @@ struct ArgSig {
   DType st_dtype;
   bool has_value;
   int same_as;  // an earlier argument with the same storage, or -1
-
-  bool operator==(const ArgSig&) const = default;
 };
 
 // An output: a view of a storage the program created, or of an argument's.
@@ -85,6 +83,21 @@ ArgSig signature(const at::Tensor& t, const std::vector<DeviceStorage*>& seen) {
   return {st.device,         t.scalar_type(),    t.sizes().vec(),
           t.strides().vec(), t.storage_offset(), st.nbytes,
           st.dtype,          st.has_value(),     same};
+}
+
+// signature(t, seen) == sig, without building the signature.
+bool matches(const at::Tensor& t, const DeviceStorage& st, const ArgSig& sig,
+             const std::vector<DeviceStorage*>& seen) {
+  if (st.device != sig.device || t.scalar_type() != sig.dtype || st.nbytes != sig.nbytes ||
+      st.dtype != sig.st_dtype || st.has_value() != sig.has_value ||
+      t.storage_offset() != sig.offset || !t.sizes().equals(sig.sizes) ||
+      !t.strides().equals(sig.strides))
+    return false;
+  const DeviceStorage* same = sig.same_as < 0 ? nullptr : seen[sig.same_as];
+  if (same) return same == &st;
+  for (const DeviceStorage* s : seen)
+    if (s == &st) return false;  // shares a storage the capture did not
+  return true;
 }
 
 bool on_device(const at::Tensor& t) { return t.defined() && t.device().is_privateuseone(); }
@@ -256,7 +269,7 @@ std::vector<at::Tensor> replay_graph(int64_t handle, at::TensorList args) {
   seen.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     if ((*st)[i]->error) TORCH_CHECK(false, *(*st)[i]->error);
-    if (!(signature(args[i], seen) == r->args[i])) return {};
+    if (!matches(args[i], *(*st)[i], r->args[i], seen)) return {};
     seen.push_back((*st)[i]);
   }
   const size_t n_in = r->in_arg.size();
