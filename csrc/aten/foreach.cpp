@@ -4,6 +4,7 @@
 // of the op a foreach op applies per element is found from the schemas and run
 // on each element inside one lowering.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -11,8 +12,10 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "aten/program.h"
+#include "lower/helpers.h"
 #include "lower/types.h"
 
 namespace torchtpu::aten {
@@ -104,6 +107,121 @@ class ElementCtx final : public lower::Ctx {
   std::vector<std::vector<Value>>& lists_;
   std::vector<Value>& singles_;
 };
+
+// Element ops computed value by value: a foreach op over them can run once on
+// its lists flattened (FlatCtx), so XLA makes one kernel for the whole list.
+bool pointwise(const std::string& element) {
+  static const std::set<std::string> ops = {
+      "add",       "sub",   "mul",   "div",        "lerp",    "addcmul", "addcdiv",
+      "sqrt",      "rsqrt", "neg",   "abs",        "exp",     "expm1",   "log",
+      "log1p",     "log2",  "log10", "reciprocal", "sigmoid", "sign",    "clamp_min",
+      "clamp_max", "pow",   "tanh",  "sin",        "cos",     "trunc",   "floor",
+      "ceil",      "round", "frac",  "erf",        "erfc"};
+  return ops.count(lower::base_name(element)) > 0;
+}
+
+// What the element op sees when it runs once over the whole lists: each
+// Tensor[] argument flattened to one rank-1 value, each Scalar[] argument
+// (all its values equal, which the call's key records) its first value.
+class FlatCtx final : public lower::Ctx {
+ public:
+  FlatCtx(lower::Ctx& outer, const ForeachOp& m, int64_t total, DType dtype)
+      : Ctx(outer.b), outer_(outer), m_(m) {
+    out_ = Type{dtype, {total}};
+    flat_.resize(m.per_element.size());
+    singles_.resize(m.per_element.size());
+    auto arg = [&](int i) -> const c10::IValue& { return outer.arg(i); };
+    for (size_t j = 0; j < m.src.size(); ++j) {
+      const int i = m.src[j];
+      c10::IValue a = m.element_arg(arg, j, 0);
+      if (i >= 0 && m.per_element[i] && a.isTensor())
+        a = at::empty({total}, a.toTensor().options().device(c10::kMeta));
+      args_.push_back(std::move(a));
+    }
+  }
+
+  const c10::IValue& arg(int j) const override { return args_.at(j); }
+  int num_args() const override { return static_cast<int>(args_.size()); }
+  const Type& out(int) const override { return out_; }
+  int num_outputs() const override { return 1; }
+  const std::string& op_name() const override { return outer_.op_name(); }
+
+  Value in(int j) override {
+    const int i = source(j);
+    if (m_.per_element[i]) {
+      if (!flat_[i].valid()) flat_[i] = outer_.flat_list(i);
+      return flat_[i];
+    }
+    if (!singles_[i].valid()) singles_[i] = outer_.in(i);
+    return singles_[i];
+  }
+  std::vector<Value> list(int j) override { return outer_.list(source(j)); }
+  Value scalar(int j, DType as) override {
+    if (m_.src[j] < 0) return b.constant(arg(j).toScalar().toDouble(), as);
+    const int i = m_.src[j];
+    // A Scalar[] list is uniform here (flat_sizes): its first value serves all.
+    return m_.per_element[i] ? outer_.scalar_at(i, 0, as) : outer_.scalar(i, as);
+  }
+  Value scalar_at(int j, int k, DType as) override { return outer_.scalar_at(source(j), k, as); }
+  void update(int, Value) override { TORCH_CHECK(false, "[tpu] flat foreach writes"); }
+  void update_at(int, int, Value) override { TORCH_CHECK(false, "[tpu] flat foreach writes"); }
+  Value rng_state(int64_t) override { TORCH_CHECK(false, "[tpu] flat foreach draws"); }
+
+ private:
+  int source(int j) const {
+    TORCH_CHECK(m_.src.at(j) >= 0, "[tpu] ", op_name(), ": argument ", j, " of ", m_.name,
+                " is not an argument of the foreach op");
+    return m_.src[j];
+  }
+
+  lower::Ctx& outer_;
+  const ForeachOp& m_;
+  Type out_;
+  std::vector<c10::IValue> args_;
+  std::vector<Value> flat_, singles_;
+};
+
+// The element sizes when the call can run flat (FlatCtx): a pointwise element
+// op, every list element shaped like its output, one output dtype, single
+// tensors 0-dim, Scalar[] lists of one kind; nullopt otherwise.
+std::optional<std::vector<int64_t>> flat_sizes(lower::Ctx& c, const ForeachOp& f, size_t n) {
+  if (n < 2 || !pointwise(f.name)) return std::nullopt;
+  std::vector<int64_t> numels;
+  for (size_t e = 0; e < n; ++e) {
+    const Type& t = c.out(static_cast<int>(e));
+    if (t.dtype != c.out(0).dtype || t.numel() == 0) return std::nullopt;
+    numels.push_back(t.numel());
+  }
+  // Flat pays where a list is one storage range; else it only adds a copy.
+  bool any_tiled = false;
+  for (size_t i = 0; i < f.per_element.size(); ++i)
+    any_tiled = any_tiled || (f.per_element[i] && c.arg(static_cast<int>(i)).isTensorList() &&
+                              c.tiles(static_cast<int>(i)));
+  if (!any_tiled) return std::nullopt;
+  for (size_t i = 0; i < f.per_element.size(); ++i) {
+    const c10::IValue& a = c.arg(static_cast<int>(i));
+    if (!f.per_element[i]) {
+      if (a.isTensor() && a.toTensor().defined() && a.toTensor().dim() != 0) return std::nullopt;
+      continue;
+    }
+    auto l = a.toList();
+    if (l.size() != n) return std::nullopt;
+    if (!a.isTensorList() && !uniform_scalars(l)) return std::nullopt;
+    for (size_t e = 0; e < n; ++e) {
+      c10::IValue v = l.get(e);
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        if (!t.defined() || t.sizes() != c10::IntArrayRef(c.out(static_cast<int>(e)).shape) ||
+            t.scalar_type() != l.get(0).toTensor().scalar_type())
+          return std::nullopt;
+      } else if (!v.isScalar() || v.isComplexDouble() || v.isDouble() != l.get(0).isDouble() ||
+                 v.isBool() != l.get(0).isBool()) {
+        return std::nullopt;
+      }
+    }
+  }
+  return numels;
+}
 
 // The type one element sees of a foreach argument: T of a Tensor[] or
 // Scalar[] list (indexed per element), else the argument's own type.
@@ -232,6 +350,23 @@ const ForeachOp* foreach_op(const c10::FunctionSchema& s, std::vector<uint8_t>& 
   const ForeachOp* f = m.get();
   m->rule = [f](lower::Ctx& c) -> std::vector<Value> {
     const size_t n = f->count([&](int i) -> const c10::IValue& { return c.arg(i); });
+    if (auto numels = flat_sizes(c, *f, n)) {
+      int64_t total = 0;
+      for (int64_t k : *numels) total += k;
+      FlatCtx fc(c, *f, total, c.out(0).dtype);
+      std::vector<Value> v = (*f->element)(fc);
+      TORCH_CHECK(v.size() == 1, "[tpu] ", c.op_name(), ": ", f->name, " returned ", v.size(),
+                  " values for one output");
+      Value all = lower::broadcast_to(c.b, v[0], fc.out(0).shape);
+      std::vector<Value> out;
+      int64_t at = 0;
+      for (size_t e = 0; e < n; ++e) {
+        const Type& t = c.out(static_cast<int>(e));
+        out.push_back(c.b.reshape(c.b.slice(all, {at}, {at + t.numel()}, {1}), t.shape));
+        at += t.numel();
+      }
+      return out;
+    }
     std::vector<std::vector<Value>> lists(f->per_element.size());
     std::vector<Value> singles(f->per_element.size());
     std::vector<Value> out;

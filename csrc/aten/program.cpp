@@ -1,6 +1,7 @@
 #include "aten/program.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -57,6 +58,30 @@ void key_tensor(std::string& k, const at::Tensor& t, std::vector<DeviceStorage*>
 }
 
 void key_ivalue(std::string& k, const c10::IValue& v, bool scalar,
+                std::vector<DeviceStorage*>& slots);
+
+}  // namespace
+
+bool uniform_scalars(const c10::List<c10::IValue>& l) {
+  if (l.size() < 2) return false;
+  const c10::IValue first = l.get(0);
+  for (const c10::IValue& e : l) {
+    if (e.isDouble() && first.isDouble()) {
+      if (e.toDouble() != first.toDouble()) return false;
+    } else if (e.isInt() && first.isInt()) {
+      if (e.toInt() != first.toInt()) return false;
+    } else if (e.isBool() && first.isBool()) {
+      if (e.toBool() != first.toBool()) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+void key_ivalue(std::string& k, const c10::IValue& v, bool scalar,
                 std::vector<DeviceStorage*>& slots) {
   if (v.isNone()) {
     k.push_back('n');
@@ -77,6 +102,9 @@ void key_ivalue(std::string& k, const c10::IValue& v, bool scalar,
       else
         key_ivalue(k, e, scalar, slots);
     }
+    // A runtime Scalar[] whose values are all equal (AdamW's bias corrections)
+    // lets a flat foreach use one scalar (foreach.cpp), so that is keyed.
+    if (scalar && uniform_scalars(l)) k.push_back('u');
   } else if (scalar) {
     // Runtime input: only its kind shapes the program (type promotion).
     k.push_back(v.isDouble() ? 'f' : v.isBool() ? 'b' : v.isComplexDouble() ? 'c' : 'i');
@@ -161,6 +189,19 @@ std::vector<Value> CallCtx::list(int i) {
   return out;
 }
 
+Value CallCtx::flat_list(int i) {
+  const c10::IValue& v = arg(i);
+  if (v.isTensorList()) {
+    if (auto tile = tiling(v.toTensorList(), slot_of_)) {
+      DType d = to_dtype(v.toTensorList().get(0).scalar_type());
+      Value flat = b.reinterpret_flat(p_.storage(tile->slot, d), d);
+      if (tile->begin == 0 && tile->end == flat.type.numel()) return flat;
+      return b.slice(flat, {tile->begin}, {tile->end}, {1});
+    }
+  }
+  return Ctx::flat_list(i);
+}
+
 Value CallCtx::rng_state(int64_t numel) {
   TORCH_CHECK(rng_numel_ < 0, "[tpu] ", info_.name, ": one random stream per op");
   rng_numel_ = numel;
@@ -226,6 +267,47 @@ void Program::write(int slot, const at::Tensor& t, hlo::Value v, const lower::Sp
   if (std::find(written.begin(), written.end(), slot) == written.end()) written.push_back(slot);
 }
 
+std::optional<Tiling> tiling(const c10::List<at::Tensor>& list, const SlotOf& slot_of) {
+  if (list.size() < 2) return std::nullopt;
+  const at::Tensor first = list[0];
+  if (!first.defined()) return std::nullopt;
+  const int slot = slot_of(first);
+  if (slot < 0) return std::nullopt;
+  int64_t end = first.storage_offset();
+  for (const at::Tensor& t : list) {
+    if (!t.defined() || slot_of(t) != slot || t.scalar_type() != first.scalar_type() ||
+        t.numel() == 0 || t.storage_offset() != end || !t.is_contiguous())
+      return std::nullopt;
+    end += t.numel();
+  }
+  return Tiling{slot, first.storage_offset(), end};
+}
+
+namespace {
+
+// A foreach op writing a list that tiles one storage range writes the range
+// once, as the concatenation of the results (which XLA folds away when they
+// are slices of one flat result), instead of once per tensor.
+bool write_tiled(Program& p, const OpInfo& info, const c10::List<at::Tensor>& list,
+                 const SlotOf& slot_of, const std::vector<Value>& vals) {
+  auto tile = tiling(list, slot_of);
+  if (!tile) return false;
+  std::vector<Value> parts;
+  parts.reserve(vals.size());
+  for (size_t k = 0; k < vals.size(); ++k) {
+    const at::Tensor t = list[k];
+    Value v = lower::coerce(p.b, vals[k], hlo::Type{to_dtype(t.scalar_type()), t.sizes().vec()});
+    parts.push_back(p.b.reshape(v, {t.numel()}));
+  }
+  const at::Tensor first = list[0];
+  at::Tensor range = at::empty({tile->end}, first.options().device(c10::kMeta))
+                         .as_strided({tile->end - tile->begin}, {1}, tile->begin);
+  p.write(tile->slot, range, p.b.concatenate(parts, 0), *info.spec);
+  return true;
+}
+
+}  // namespace
+
 std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
                                    const torch::jit::Stack& args, size_t first,
                                    const SlotOf& slot_of, const CallOutputs& outs,
@@ -254,7 +336,8 @@ std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
               vals.size(), " values for ", co.types.size(), " outputs");
   if (info.list_write_arg >= 0 && !empty) {
     auto list = args[first + info.list_write_arg].toTensorList();
-    for (size_t k = 0; k < vals.size(); ++k) ctx.write(list[k], vals[k]);
+    if (!write_tiled(p, info, list, slot_of, vals))
+      for (size_t k = 0; k < vals.size(); ++k) ctx.write(list[k], vals[k]);
   }
   std::vector<Value> fresh(outs.types.size());
   size_t k = 0;

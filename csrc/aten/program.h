@@ -109,6 +109,18 @@ struct Program {
 // The storage slot of a tensor argument, or -1 for a host tensor.
 using SlotOf = std::function<int(const at::Tensor&)>;
 
+// Whether a Scalar[] holds two or more values, all equal and of one kind.
+bool uniform_scalars(const c10::List<c10::IValue>& l);
+
+// The storage slot and element range [begin, end) that the tensors tile:
+// contiguous views of one storage, each starting where the one before ends
+// (parameters or optimizer state kept flat, torchtpu.optim.flatten).
+struct Tiling {
+  int slot;
+  int64_t begin, end;
+};
+std::optional<Tiling> tiling(const c10::List<at::Tensor>& list, const SlotOf& slot_of);
+
 // Output metadata of one call (from PyTorch's meta kernel).
 struct CallOutputs {
   std::vector<hlo::Type> types;
@@ -150,6 +162,11 @@ class CallCtx final : public lower::Ctx {
   const std::string& op_name() const override { return info_.name; }
   hlo::Value in(int i) override;
   std::vector<hlo::Value> list(int i) override;
+  hlo::Value flat_list(int i) override;
+  bool tiles(int i) override {
+    return (arg(i).isTensorList() && tiling(arg(i).toTensorList(), slot_of_).has_value()) ||
+           Ctx::tiles(i);
+  }
   hlo::Value scalar(int i, DType as) override { return packed(arg(i), i, -1, as); }
   hlo::Value scalar_at(int i, int e, DType as) override {
     return packed(arg(i).toList().get(e), i, e, as);

@@ -542,7 +542,12 @@ Value Builder::reshape(Value x, const Shape& shape) {
   Type out{x.dtype(), shape};
   if (out.numel() != x.type.numel())
     fail("reshape", "cannot reshape " + x.type.str() + " to " + out.str());
-  return op("reshape", {x}, "", out);
+  auto it = reshape_src_.find(x.id);
+  const Value src = it == reshape_src_.end() ? x : it->second;
+  if (src.shape() == shape) return src;
+  Value r = op("reshape", {src}, "", out);
+  reshape_src_.emplace(r.id, src);
+  return r;
 }
 
 Value Builder::broadcast_in_dim(Value x, const Shape& shape, const std::vector<int64_t>& dims) {
@@ -578,10 +583,17 @@ Value Builder::slice(Value x, const Shape& start, const Shape& limit, const Shap
                         " for " + x.type.str());
     out.shape.push_back((limit[i] - start[i] + st[i] - 1) / st[i]);
   }
-  return op("slice", {x},
-            "start_indices = " + arr(start) + ", limit_indices = " + arr(limit) +
-                ", strides = " + arr(st),
-            out);
+  Value v = op("slice", {x},
+               "start_indices = " + arr(start) + ", limit_indices = " + arr(limit) +
+                   ", strides = " + arr(st),
+               out);
+  if (v.rank() == 1 && st[0] == 1) {
+    auto it = piece_.find(x.id);
+    piece_.emplace(v.id, it == piece_.end() ? Piece{x, start[0], limit[0]}
+                                            : Piece{it->second.of, it->second.begin + start[0],
+                                                    it->second.begin + limit[0]});
+  }
+  return v;
 }
 
 Value Builder::dynamic_slice(Value x, const std::vector<Value>& starts, const Shape& sizes) {
@@ -621,6 +633,23 @@ Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
   if (dim < 0 || dim >= xs[0].rank())
     fail("concatenate", "dim " + std::to_string(dim) + " out of range for " + xs[0].type.str());
   if (xs.size() == 1) return xs[0];
+  if (xs[0].rank() == 1) {
+    // Adjacent slices of one value, in order: that value, or one slice of it.
+    auto first = piece_.find(xs[0].id);
+    bool adjacent = first != piece_.end();
+    int64_t end = adjacent ? first->second.begin : 0;
+    for (const Value& v : xs) {
+      auto it = adjacent ? piece_.find(v.id) : piece_.end();
+      adjacent =
+          it != piece_.end() && it->second.of.id == first->second.of.id && it->second.begin == end;
+      if (adjacent) end = it->second.end;
+    }
+    if (adjacent) {
+      const Value& of = first->second.of;
+      if (first->second.begin == 0 && end == of.shape()[0]) return of;
+      return slice(of, {first->second.begin}, {end}, {1});
+    }
+  }
   Type out = xs[0].type;
   out.shape[dim] = 0;
   for (const Value& v : xs) {
@@ -630,7 +659,9 @@ Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
       fail("concatenate", "operand " + v.type.str() + " does not match " + xs[0].type.str());
     out.shape[dim] += v.shape()[dim];
   }
-  return op("concatenate", xs, "dimension = " + std::to_string(dim) + " : i64", out);
+  Value r = op("concatenate", xs, "dimension = " + std::to_string(dim) + " : i64", out);
+  joined_.insert(r.id);
+  return r;
 }
 
 Value Builder::pad(Value x, Value pad_value, const Shape& lo, const Shape& hi,

@@ -6,6 +6,8 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -101,6 +103,8 @@ class Builder {
   Value dynamic_slice(Value x, const std::vector<Value>& starts, const Shape& sizes);
   Value dynamic_update_slice(Value x, Value update, const std::vector<Value>& starts);
   Value concatenate(const std::vector<Value>& xs, int64_t dim);
+  // Whether `v` was made by a concatenate op (not folded into a slice).
+  bool is_join(const Value& v) const { return joined_.count(v.id) > 0; }
   Value pad(Value x, Value pad_value, const Shape& lo, const Shape& hi, const Shape& interior);
   Value reverse(Value x, const std::vector<int64_t>& dims);
 
@@ -207,6 +211,16 @@ class Builder {
   std::vector<Type> results_;
   std::string ret_line_;
   int next_id_ = 0;
+  // Provenance, so the builder folds what a caller undoes: a reshape back to
+  // a value's source shape is the source, and a rank-1 concatenation of
+  // adjacent slices of one value is that value (or one slice of it).
+  struct Piece {
+    Value of;
+    int64_t begin, end;
+  };
+  std::unordered_map<int, Value> reshape_src_;
+  std::unordered_map<int, Piece> piece_;
+  std::unordered_set<int> joined_;  // values a concatenate op made
 
   // --- additive private helpers (builder.cpp / builder_index.cpp)
   Value new_value(std::string name, const Type& type);

@@ -20,6 +20,12 @@ void register_rule(const std::string& op, Rule rule, std::source_location loc) {
   table()[op] = Entry{std::move(rule), loc};
 }
 
+Value Ctx::flat_list(int i) {
+  std::vector<Value> parts;
+  for (const Value& v : list(i)) parts.push_back(b.reshape(v, {v.type.numel()}));
+  return parts.size() == 1 ? parts[0] : b.concatenate(parts, 0);
+}
+
 const Rule* find_rule(const std::string& op) {
   auto it = table().find(op);
   return it == table().end() ? nullptr : &it->second.rule;

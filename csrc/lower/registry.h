@@ -42,6 +42,13 @@ class Ctx {
   virtual Value in(int i) = 0;
   // Tensor[] / Tensor?[] argument; absent entries of Tensor?[] are invalid Values.
   virtual std::vector<Value> list(int i) = 0;
+  // Tensor[] argument i flattened: its tensors' values, each flattened, one
+  // after the other (rank 1). The runner gives a storage range directly when
+  // the tensors tile one (foreach ops over flat parameters).
+  virtual Value flat_list(int i);
+  // Whether flat_list(i) needs no concatenation: the tensors are adjacent
+  // slices of one value, or (the runner's answer) tile one storage range.
+  virtual bool tiles(int i) { return !b.is_join(flat_list(i)); }
   // A Scalar argument (or a float one its spec lists in runtime_floats),
   // passed to the program at run time (so a changing learning rate never
   // recompiles), converted to `as`.

@@ -43,6 +43,7 @@ __all__ = [
     "jax_op",
     "metrics",
     "metrics_report",
+    "optim",
     "reset_metrics",
 ]
 
@@ -77,4 +78,4 @@ def _register() -> None:
 
 
 _register()
-from . import device
+from . import device, optim
