@@ -13,7 +13,7 @@ SCRIPT = Path(__file__).resolve().parent / "dist" / "threads.py"
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-@pytest.mark.parametrize("scenario", ["collectives", "ddp", "faults"])
+@pytest.mark.parametrize("scenario", ["collectives", "more", "p2p", "ddp", "faults"])
 def test_thread_ranks(scenario, mode):
     proc = check_py(
         f"""
