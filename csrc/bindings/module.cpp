@@ -198,6 +198,17 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
     } catch (const c10::TypeError& e) {
       PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::DistError& e) {
+      // torch.distributed's own classes (DistBackendError, ...): this translator
+      // runs before torch's, for torch's c10d calls too.
+      const char* name = dynamic_cast<const c10::DistBackendError*>(&e) ? "_DistBackendError"
+                         : dynamic_cast<const c10::DistQueueEmptyError*>(&e)
+                             ? "_DistQueueEmptyError"
+                         : dynamic_cast<const c10::DistStoreError*>(&e)   ? "_DistStoreError"
+                         : dynamic_cast<const c10::DistNetworkError*>(&e) ? "_DistNetworkError"
+                                                                          : "_DistError";
+      py::object type = py::module_::import("torch._C").attr(name);
+      PyErr_SetString(type.ptr(), e.what_without_backtrace());
     } catch (const c10::Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     }

@@ -59,39 +59,50 @@ ReplicatedProgram replicated_program(const std::string& kind, DType dt,
                                      const std::vector<int64_t>& sizes, const std::string& reduce,
                                      int64_t dim, int64_t dim2,
                                      const std::vector<std::vector<int64_t>>& pairs, int64_t n) {
-  // One program: the flat storage in, the collective on the tensor's shape, flat out.
-  const hlo::Shape shape(sizes.begin(), sizes.end());
-  int64_t numel = 1;
-  for (int64_t s : sizes) numel *= s;
+  return replicated_program(kind, {Part{dt, sizes}}, reduce, dim, dim2, pairs, n);
+}
+
+ReplicatedProgram replicated_program(const std::string& kind, const std::vector<Part>& parts,
+                                     const std::string& reduce, int64_t dim, int64_t dim2,
+                                     const std::vector<std::vector<int64_t>>& pairs, int64_t n) {
+  // One program: each part's flat storage in, the collective on its shape, flat out.
   const hlo::Builder::Groups all = {[&] {
     std::vector<int64_t> g;
     for (int64_t i = 0; i < n; ++i) g.push_back(i);
     return g;
   }()};
   hlo::Builder b;
-  hlo::Value x = b.reshape(b.param(hlo::Type{dt, {numel}}), shape);
-  auto d = [&](int64_t v) { return v < 0 ? v + x.rank() : v; };
-  hlo::Value y;
-  try {
-    if (kind == "all_reduce")
-      y = b.all_reduce(x, reducer(reduce), all);
-    else if (kind == "all_gather")
-      y = b.all_gather(x, d(dim), all);
-    else if (kind == "reduce_scatter")
-      y = b.reduce_scatter(x, d(dim), reducer(reduce), all);
-    else if (kind == "all_to_all")
-      y = b.all_to_all(x, d(dim), d(dim2), all);
-    else if (kind == "permute")
-      y = b.collective_permute(x, pairs);
-    else
-      TORCH_CHECK_VALUE(false, "[tpu] device collective: unknown kind '", kind, "'");
-  } catch (const hlo::BuildError& e) {
-    TORCH_CHECK_VALUE(false, "[tpu] device ", kind, " of ", n, " x ", c10::IntArrayRef(sizes), ": ",
-                      e.what());
-  }
   ReplicatedProgram p;
-  p.out_shape = y.shape();
-  b.ret({b.reshape(y, {y.type.numel()})});
+  std::vector<hlo::Value> outs;
+  for (const Part& part : parts) {
+    const hlo::Shape shape(part.sizes.begin(), part.sizes.end());
+    int64_t numel = 1;
+    for (int64_t s : part.sizes) numel *= s;
+    hlo::Value x = b.reshape(b.param(hlo::Type{part.dt, {numel}}), shape);
+    auto d = [&](int64_t v) { return v < 0 ? v + x.rank() : v; };
+    hlo::Value y;
+    try {
+      if (kind == "all_reduce")
+        y = b.all_reduce(x, reducer(reduce), all);
+      else if (kind == "all_gather")
+        y = b.all_gather(x, d(dim), all);
+      else if (kind == "reduce_scatter")
+        y = b.reduce_scatter(x, d(dim), reducer(reduce), all);
+      else if (kind == "all_to_all")
+        y = b.all_to_all(x, d(dim), d(dim2), all);
+      else if (kind == "permute")
+        y = b.collective_permute(x, pairs);
+      else
+        TORCH_CHECK_VALUE(false, "[tpu] device collective: unknown kind '", kind, "'");
+    } catch (const hlo::BuildError& e) {
+      TORCH_CHECK_VALUE(false, "[tpu] device ", kind, " of ", n, " x ",
+                        c10::IntArrayRef(part.sizes), ": ", e.what());
+    }
+    p.out_shapes.push_back(y.shape());
+    outs.push_back(b.reshape(y, {y.type.numel()}));
+  }
+  p.out_shape = p.out_shapes.at(0);
+  b.ret(outs);
   p.exe = aten::compile_cached(b.module(), {.num_replicas = int(n)});
   return p;
 }

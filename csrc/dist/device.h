@@ -27,7 +27,14 @@ std::vector<at::Tensor> device_collective(const std::string& kind,
 // of `out_shape`. Cached by the compile cache.
 struct ReplicatedProgram {
   pjrt::ExecutablePtr exe;
-  std::vector<int64_t> out_shape;
+  std::vector<int64_t> out_shape;                // of the first part
+  std::vector<std::vector<int64_t>> out_shapes;  // one per part
+};
+// One replica's tensor of a multi-part program: a coalesced call runs one
+// collective per part in one program (parameter i -> output i).
+struct Part {
+  DType dt = DType::F32;
+  std::vector<int64_t> sizes;
 };
 // Runs a replicated program (replica i on device i) and waits for its outputs:
 // one at a time in the process (see device.cpp).
@@ -37,6 +44,9 @@ std::vector<std::vector<pjrt::BufferPtr>> run_replicated(
 ReplicatedProgram replicated_program(const std::string& kind, DType dt,
                                      const std::vector<int64_t>& sizes, const std::string& reduce,
                                      int64_t dim, int64_t dim2,
+                                     const std::vector<std::vector<int64_t>>& pairs, int64_t n);
+ReplicatedProgram replicated_program(const std::string& kind, const std::vector<Part>& parts,
+                                     const std::string& reduce, int64_t dim, int64_t dim2,
                                      const std::vector<std::vector<int64_t>>& pairs, int64_t n);
 
 }  // namespace torchtpu::dist

@@ -1,13 +1,11 @@
 #include "dist/local.h"
 
 #include <ATen/ops/cat.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
-#include <condition_variable>
-#include <map>
+#include <algorithm>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -15,8 +13,8 @@
 #include "aten/launch.h"
 #include "aten/runtime.h"
 #include "dist/backend.h"
-#include "dist/check.h"
-#include "dist/device.h"
+#include "dist/local_p2p.h"
+#include "dist/local_rendezvous.h"
 #include "lower/types.h"
 
 namespace torchtpu::dist {
@@ -28,182 +26,6 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void raise(const std::string& msg) { C10_THROW_ERROR(DistBackendError, msg); }
-
-// The device program of one collective; an empty kind runs none (barrier).
-struct Program {
-  std::string kind, reduce;
-  DType dt = DType::F32;
-  std::vector<int64_t> sizes;
-  int64_t dim = 0, dim2 = 0;
-};
-
-// What one rank brings: its call (the fingerprint), its input buffer, or a
-// problem found on this rank alone (a tensor on another device), which fails
-// the collective on every rank instead of leaving the others waiting.
-struct Entry {
-  Call call;
-  pjrt::BufferPtr input;
-  std::string problem;
-};
-
-struct Round {
-  std::vector<std::optional<Entry>> in;
-  int arrived = 0, taken = 0;
-  bool done = false;
-  // A failure: each rank formats the report from its own side.
-  enum { None, Disagree, Missing, Problem } failed = None;
-  std::vector<std::string> lines;  // per rank: "#seq description" (or why it is absent)
-  std::string error;
-  std::vector<pjrt::BufferPtr> out;
-};
-
-class Rendezvous {
- public:
-  explicit Rendezvous(int size) : size_(size), left_(size) {}
-  int size() const { return size_; }
-
-  // Blocks until every rank brought collective `seq`; returns this rank's output.
-  pjrt::BufferPtr meet(uint64_t seq, int rank, Entry entry, const Program& prog,
-                       std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!broken_.empty())
-      raise("tpu_local: this group stopped at an earlier failure; collective #" +
-            std::to_string(seq) + " on rank " + std::to_string(rank) + " is not run:\n" + broken_);
-    Round& r = rounds_[seq];
-    if (r.in.empty()) r.in.resize(size_);
-    r.in[rank] = std::move(entry);
-    r.arrived++;
-    if (r.arrived == size_) {
-      settle(r, seq, prog);
-      cv_.notify_all();
-    } else if (absent_left(r, seq)) {
-      cv_.notify_all();
-    } else {
-      auto deadline = Clock::now() + timeout;
-      bool ready = cv_.wait_until(lock, deadline, [&] { return r.done || r.failed; });
-      if (!ready) {
-        missing(r, seq, "timed out waiting for the other ranks");
-        cv_.notify_all();
-      }
-    }
-    r.taken++;
-    if (r.failed) {
-      std::string msg = report(r, seq, rank, timeout);
-      if (broken_.empty()) broken_ = msg;
-      raise(msg);
-    }
-    pjrt::BufferPtr out = r.out.empty() ? nullptr : r.out[rank];
-    if (r.taken == size_) rounds_.erase(seq);
-    return out;
-  }
-
-  void leave(int rank, const std::string& why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    left_[rank] = why.empty() ? "left" : why;
-    for (auto& [seq, r] : rounds_)
-      if (!r.done && !r.failed) absent_left(r, seq);
-    cv_.notify_all();
-  }
-
- private:
-  // Every rank is here: agree, then launch once for all.
-  void settle(Round& r, uint64_t seq, const Program& prog) {
-    for (int k = 0; k < size_; ++k) {
-      r.lines.push_back("#" + std::to_string(seq) + " " + r.in[k]->call.describe());
-      if (!r.in[k]->problem.empty()) {
-        r.failed = Round::Problem;
-        r.error += "\n  rank " + std::to_string(k) + ": " + r.in[k]->problem;
-      }
-    }
-    if (r.failed) return;
-    const uint64_t h = r.in[0]->call.hash();
-    for (int k = 1; k < size_; ++k)
-      if (r.in[k]->call.hash() != h) r.failed = Round::Disagree;
-    if (r.failed) return;
-    try {
-      r.out = launch(r, prog);
-    } catch (const std::exception& e) {
-      r.failed = Round::Problem;
-      r.error = std::string("\n  the device program failed: ") + e.what();
-      return;
-    }
-    r.done = true;
-    last_agreed_ = seq;
-    last_call_ = r.in[0]->call.describe(true);
-  }
-
-  std::vector<pjrt::BufferPtr> launch(Round& r, const Program& prog) {
-    if (prog.kind.empty()) return {};
-    ReplicatedProgram p = replicated_program(prog.kind, prog.dt, prog.sizes, prog.reduce, prog.dim,
-                                             prog.dim2, {}, size_);
-    std::vector<std::vector<pjrt::Buffer*>> args(size_);
-    for (int k = 0; k < size_; ++k) args[k].push_back(r.in[k]->input.get());
-    auto outs = run_replicated(*p.exe, args);
-    std::vector<pjrt::BufferPtr> mine;
-    for (auto& o : outs) mine.push_back(o.at(0));
-    return mine;
-  }
-
-  // A rank that left the group and is absent from round `seq` fails it now.
-  bool absent_left(Round& r, uint64_t seq) {
-    for (int k = 0; k < size_; ++k)
-      if (!left_[k].empty() && !r.in[k]) {
-        missing(r, seq, "rank " + std::to_string(k) + " left the group (" + left_[k] + ")");
-        return true;
-      }
-    return false;
-  }
-
-  void missing(Round& r, uint64_t seq, const std::string& why) {
-    r.failed = Round::Missing;
-    r.error = why;
-    r.lines.assign(size_, "");
-    for (int k = 0; k < size_; ++k) {
-      if (r.in[k])
-        r.lines[k] = "#" + std::to_string(seq) + " " + r.in[k]->call.describe();
-      else if (!left_[k].empty())
-        r.lines[k] =
-            "left the group before collective #" + std::to_string(seq) + " (" + left_[k] + ")";
-    }
-  }
-
-  std::string report(const Round& r, uint64_t seq, int rank, std::chrono::milliseconds timeout) {
-    if (r.failed == Round::Disagree)
-      return disagreement_report("tpu_local", seq, rank, size_, r.lines);
-    if (r.failed == Round::Missing)
-      return failure_report("tpu_local", seq, rank, size_, timeout, r.error, r.lines, true,
-                            last_agreed_, last_call_);
-    std::string s = "tpu_local: collective #" + std::to_string(seq) + " failed on rank " +
-                    std::to_string(rank) + " of " + std::to_string(size_) + ":" + r.error;
-    for (int k = 0; k < size_; ++k) s += "\n  rank " + std::to_string(k) + " ran " + r.lines[k];
-    return s;
-  }
-
-  const int size_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint64_t, Round> rounds_;
-  std::vector<std::string> left_;
-  std::string broken_;  // the first failure: the group runs nothing after it
-  uint64_t last_agreed_ = 0;
-  std::string last_call_;
-};
-
-std::shared_ptr<Rendezvous> rendezvous(const std::string& session, int size) {
-  static std::mutex mu;
-  static std::map<std::string, std::weak_ptr<Rendezvous>> all;
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto it = all.begin(); it != all.end();)
-    it = it->second.expired() ? all.erase(it) : std::next(it);
-  if (auto p = all[session].lock()) {
-    TORCH_CHECK_VALUE(p->size() == size, "tpu_local: group '", session, "' has ", p->size(),
-                      " ranks, a rank joined with world_size ", size);
-    return p;
-  }
-  auto p = std::make_shared<Rendezvous>(size);
-  all[session] = p;
-  return p;
-}
 
 // The flat device buffer of `t` in its own dtype (a contiguous copy when `t`
 // is a view), materialized (Fused Eager records the copy).
@@ -236,10 +58,39 @@ void assign(at::Tensor& dst, const pjrt::BufferPtr& buf) {
   dst.copy_(aten::wrap_buffer(buf, dst.sizes(), dst.scalar_type(), dst.device().index()));
 }
 
-const char* kSupported =
-    "all_reduce (SUM, AVG, PRODUCT, MIN, MAX; BAND, BOR, BXOR on integers), all_gather, "
-    "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, broadcast, "
-    "all_to_all_single (even splits) and barrier";
+// The rows `x` ([rows, rowlen]) sends, padded with zeros to `m` rows per
+// destination: [splits.size() * m, rowlen].
+at::Tensor pad_rows(const at::Tensor& x, const std::vector<int64_t>& splits, int64_t m) {
+  if (std::all_of(splits.begin(), splits.end(), [&](int64_t s) { return s == m; })) return x;
+  Tensors pieces;
+  int64_t off = 0;
+  for (int64_t s : splits) {
+    pieces.push_back(x.narrow(0, off, s));
+    off += s;
+    if (s < m) pieces.push_back(at::zeros({m - s, x.size(1)}, x.options()));
+  }
+  return at::cat(pieces);
+}
+
+// "Float rows of [3]": what every rank of an all_to_all must agree on.
+std::string rows_detail(const at::Tensor& t) {
+  std::vector<int64_t> trailing = t.dim() ? t.sizes().slice(1).vec() : std::vector<int64_t>{};
+  return c10::str(t.scalar_type(), " rows of ", c10::IntArrayRef(trailing));
+}
+
+// Rank i's meta is [its input splits..., its output splits...]: what i sends
+// to j must be what j expects from i.
+std::string splits_pair_up(const Metas& metas) {
+  const size_t n = metas.size();
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j)
+      if (metas[i][j] != metas[j][n + i])
+        return c10::str("rank ", i, " sends ", metas[i][j], " rows to rank ", j, ", which expects ",
+                        metas[j][n + i],
+                        " from it (input_split_sizes and output_split_sizes must "
+                        "pair up across ranks)");
+  return "";
+}
 
 class TpuLocal final : public c10d::Backend {
  public:
@@ -249,19 +100,80 @@ class TpuLocal final : public c10d::Backend {
   const std::string getBackendName() const override { return "tpu_local"; }
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_; }
-  void leave(const std::string& why) { rv_->leave(rank_, why); }
+  void leave(const std::string& why) { dist::leave(*rv_, rank_, why); }
+
+  // Calls between start and end run at once (each its own rendezvous); the
+  // end's Work carries their outputs, as tpu_dist.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override {
+    coalescing_ = true;
+    coalesced_.clear();
+  }
+  WorkPtr endCoalescing() override {
+    auto w = completed_work(coalesced_);
+    coalescing_ = false;
+    coalesced_.clear();
+    return w;
+  }
 
   WorkPtr allreduce(Tensors& tensors, const c10d::AllreduceOptions& opts) override {
     const char* kind = "all_reduce";
     one_tensor(kind, tensors.size());
     at::Tensor& t = tensors[0];
-    std::string red = reduce_of(kind, opts.reduceOp, t);
-    return collective(kind, reduce_name(opts.reduceOp), {t}, {t},
-                      program(kind, red, t, {t.numel()}), [&](const pjrt::BufferPtr& out) {
-                        assign(t, out);
-                        average(opts.reduceOp, t);
-                        return Tensors{t};
-                      });
+    std::string problem;
+    std::string red = reduce_of(kind, opts.reduceOp, t, problem);
+    return collective(
+        kind, reduce_name(opts.reduceOp), {t}, {t}, program(kind, red, t, {t.numel()}),
+        [&](const Bufs& out) {
+          assign(t, out[0]);
+          average(opts.reduceOp, t);
+          return Tensors{t};
+        },
+        problem);
+  }
+
+  // One program of one all_reduce per tensor (dtypes may differ).
+  WorkPtr allreduce_coalesced(Tensors& tensors,
+                              const c10d::AllreduceCoalescedOptions& opts) override {
+    const char* kind = "all_reduce_coalesced";
+    std::string red, problem;
+    std::vector<Part> parts;
+    for (auto& t : tensors) {
+      red = reduce_of(kind, opts.reduceOp, t, problem);
+      parts.push_back(part(t, {t.numel()}));
+    }
+    return collective(
+        kind, reduce_name(opts.reduceOp), tensors, tensors, Program{"all_reduce", red, parts},
+        [&](const Bufs& out) {
+          for (size_t i = 0; i < tensors.size(); ++i) {
+            assign(tensors[i], out[i]);
+            average(opts.reduceOp, tensors[i]);
+          }
+          return tensors;
+        },
+        problem);
+  }
+
+  // An all_reduce of which the root keeps the result; the other ranks' tensors
+  // stay as they were.
+  WorkPtr reduce(Tensors& tensors, const c10d::ReduceOptions& opts) override {
+    const char* kind = "reduce";
+    one_tensor(kind, tensors.size());
+    at::Tensor& t = tensors[0];
+    const int root = int(opts.rootRank);
+    std::string problem;
+    std::string red = reduce_of(kind, opts.reduceOp, t, problem);
+    return collective(
+        kind, reduce_name(opts.reduceOp) + ", root " + std::to_string(root), {t}, {t},
+        program("all_reduce", red, t, {t.numel()}),
+        [&](const Bufs& out) {
+          if (rank_ == root) {
+            assign(t, out[0]);
+            average(opts.reduceOp, t);
+          }
+          return Tensors{t};
+        },
+        problem);
   }
 
   WorkPtr broadcast(Tensors& tensors, const c10d::BroadcastOptions& opts) override {
@@ -269,9 +181,8 @@ class TpuLocal final : public c10d::Backend {
     at::Tensor& t = tensors[0];
     const int root = int(opts.rootRank);
     return collective("broadcast", "root " + std::to_string(root), {t}, {t},
-                      program("all_gather", "", t, {1, t.numel()}),
-                      [&](const pjrt::BufferPtr& out) {
-                        if (rank_ != root) copy_row(t, out, root);
+                      program("all_gather", "", t, {1, t.numel()}), [&](const Bufs& out) {
+                        if (rank_ != root) copy_row(t, out[0], root);
                         return Tensors{t};
                       });
   }
@@ -281,11 +192,30 @@ class TpuLocal final : public c10d::Backend {
     const char* kind = "all_gather_into_tensor";
     return collective(
         kind, "", {input}, {input, output}, program("all_gather", "", input, {1, input.numel()}),
-        [&](const pjrt::BufferPtr& out) {
-          assign(output, out);
+        [&](const Bufs& out) {
+          assign(output, out[0]);
           return Tensors{output};
         },
-        numel_check(kind, output, input.numel() * size_));
+        like_check(kind, output, input, input.numel() * size_));
+  }
+
+  WorkPtr allgather_into_tensor_coalesced(Tensors& outputs, Tensors& inputs,
+                                          const c10d::AllgatherOptions&) override {
+    const char* kind = "all_gather_into_tensor_coalesced";
+    std::string problem = count_check(kind, outputs.size(), inputs.size());
+    std::vector<Part> parts;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      parts.push_back(part(inputs[i], {1, inputs[i].numel()}));
+      if (problem.empty())
+        problem = like_check(kind, outputs[i], inputs[i], inputs[i].numel() * size_);
+    }
+    return collective(
+        kind, "", inputs, cat(inputs, outputs), Program{"all_gather", "", parts},
+        [&](const Bufs& out) {
+          for (size_t i = 0; i < outputs.size(); ++i) assign(outputs[i], out[i]);
+          return outputs;
+        },
+        problem);
   }
 
   WorkPtr allgather(std::vector<Tensors>& outputs, Tensors& inputs,
@@ -295,35 +225,141 @@ class TpuLocal final : public c10d::Backend {
     one_tensor(kind, outputs.size());
     at::Tensor& input = inputs[0];
     Tensors& outs = outputs[0];
-    std::string problem;
-    if (int(outs.size()) != size_)
-      problem = c10::str(kind, ": ", outs.size(), " output tensors for ", size_, " ranks");
-    for (auto& o : outs)
-      if (problem.empty()) problem = numel_check(kind, o, input.numel());
-    Tensors checked = outs;
-    checked.push_back(input);
+    std::string problem = rows_check(kind, outs, input);
     return collective(
-        kind, "", {input}, checked, program("all_gather", "", input, {1, input.numel()}),
-        [&](const pjrt::BufferPtr& out) {
-          for (int k = 0; k < size_; ++k) copy_row(outs[k], out, k);
+        kind, "", {input}, cat(outs, {input}), program("all_gather", "", input, {1, input.numel()}),
+        [&](const Bufs& out) {
+          for (int k = 0; k < size_; ++k) copy_row(outs[k], out[0], k);
           return outs;
         },
         problem);
   }
 
+  // One program of one all_gather per input.
+  WorkPtr allgather_coalesced(std::vector<Tensors>& outputs, Tensors& inputs,
+                              const c10d::AllgatherOptions&) override {
+    const char* kind = "all_gather_coalesced";
+    std::string problem = count_check(kind, outputs.size(), inputs.size());
+    std::vector<Part> parts;
+    Tensors checked = inputs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      parts.push_back(part(inputs[i], {1, inputs[i].numel()}));
+      if (problem.empty()) problem = rows_check(kind, outputs[i], inputs[i]);
+      if (i < outputs.size()) checked = cat(checked, outputs[i]);
+    }
+    return collective(
+        kind, "", inputs, checked, Program{"all_gather", "", parts},
+        [&](const Bufs& out) {
+          Tensors all;
+          for (size_t i = 0; i < inputs.size(); ++i)
+            for (int k = 0; k < size_; ++k) {
+              copy_row(outputs[i][k], out[i], k);
+              all.push_back(outputs[i][k]);
+            }
+          return all;
+        },
+        problem);
+  }
+
+  // An all_gather of which the root copies the rows out.
+  WorkPtr gather(std::vector<Tensors>& outputs, Tensors& inputs,
+                 const c10d::GatherOptions& opts) override {
+    const char* kind = "gather";
+    one_tensor(kind, inputs.size());
+    at::Tensor& input = inputs[0];
+    const int root = int(opts.rootRank);
+    std::string problem;
+    Tensors checked{input};
+    if (rank_ == root) {
+      problem = outputs.size() == 1
+                    ? rows_check(kind, outputs[0], input)
+                    : c10::str(kind, ": the root passes one gather_list, got ", outputs.size());
+      if (problem.empty()) checked = cat(checked, outputs[0]);
+    }
+    return collective(
+        kind, "root " + std::to_string(root), {input}, checked,
+        program("all_gather", "", input, {1, input.numel()}),
+        [&](const Bufs& out) {
+          if (rank_ != root) return Tensors{};
+          for (int k = 0; k < size_; ++k) copy_row(outputs[0][k], out[0], k);
+          return outputs[0];
+        },
+        problem);
+  }
+
+  // An all_to_all in which only the root's rows are not zeros; each rank keeps
+  // the row that came from the root.
+  WorkPtr scatter(Tensors& outputs, std::vector<Tensors>& inputs,
+                  const c10d::ScatterOptions& opts) override {
+    const char* kind = "scatter";
+    one_tensor(kind, outputs.size());
+    at::Tensor& output = outputs[0];
+    const int root = int(opts.rootRank);
+    std::string problem;
+    Tensors checked{output};
+    at::Tensor flat;
+    if (rank_ == root) {
+      problem = inputs.size() == 1
+                    ? rows_check(kind, inputs[0], output)
+                    : c10::str(kind, ": the root passes one scatter_list, got ", inputs.size());
+      if (problem.empty()) {
+        checked = cat(checked, inputs[0]);
+        Tensors pieces;
+        for (auto& i : inputs[0]) pieces.push_back(i.reshape({-1}));
+        flat = at::cat(pieces);
+      }
+    } else {
+      flat = at::zeros({size_ * output.numel()}, output.options());
+    }
+    return collective(kind, "root " + std::to_string(root), {output}, checked,
+                      program("all_to_all", "", output, {size_, output.numel()}),
+                      [&](const Bufs& out) {
+                        copy_row(output, out[0], root);
+                        return Tensors{output};
+                      },
+                      problem, {flat.defined() ? flat : output});
+  }
+
   WorkPtr _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                const c10d::ReduceScatterOptions& opts) override {
     const char* kind = "reduce_scatter_tensor";
-    std::string red = reduce_of(kind, opts.reduceOp, input);
+    std::string problem = like_check(kind, input, output, output.numel() * size_);
+    std::string red = reduce_of(kind, opts.reduceOp, input, problem);
     return collective(
         kind, reduce_name(opts.reduceOp), {input}, {input, output},
         program("reduce_scatter", red, input, {size_, output.numel()}),
-        [&](const pjrt::BufferPtr& out) {
-          assign(output, out);
+        [&](const Bufs& out) {
+          assign(output, out[0]);
           average(opts.reduceOp, output);
           return Tensors{output};
         },
-        numel_check(kind, input, output.numel() * size_));
+        problem);
+  }
+
+  // One program of one reduce_scatter per pair.
+  WorkPtr reduce_scatter_tensor_coalesced(Tensors& outputs, Tensors& inputs,
+                                          const c10d::ReduceScatterOptions& opts) override {
+    const char* kind = "reduce_scatter_tensor_coalesced";
+    std::string problem = count_check(kind, outputs.size(), inputs.size());
+    std::string red;
+    std::vector<Part> parts;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      red = reduce_of(kind, opts.reduceOp, inputs[i], problem);
+      const int64_t n = i < outputs.size() ? outputs[i].numel() : 0;
+      parts.push_back(part(inputs[i], {size_, n}));
+      if (problem.empty()) problem = like_check(kind, inputs[i], outputs[i], n * size_);
+    }
+    return collective(
+        kind, reduce_name(opts.reduceOp), inputs, cat(inputs, outputs),
+        Program{"reduce_scatter", red, parts},
+        [&](const Bufs& out) {
+          for (size_t i = 0; i < outputs.size(); ++i) {
+            assign(outputs[i], out[i]);
+            average(opts.reduceOp, outputs[i]);
+          }
+          return outputs;
+        },
+        problem);
   }
 
   WorkPtr reduce_scatter(Tensors& outputs, std::vector<Tensors>& inputs,
@@ -332,130 +368,235 @@ class TpuLocal final : public c10d::Backend {
     one_tensor(kind, outputs.size());
     one_tensor(kind, inputs.size());
     at::Tensor& output = outputs[0];
-    std::string problem;
-    if (int(inputs[0].size()) != size_)
-      problem = c10::str(kind, ": ", inputs[0].size(), " input tensors for ", size_, " ranks");
-    for (auto& i : inputs[0])
-      if (problem.empty()) problem = numel_check(kind, i, output.numel());
-    std::string red = reduce_of(kind, opts.reduceOp, output);
-    Tensors checked = inputs[0];
-    checked.push_back(output);
+    std::string problem = rows_check(kind, inputs[0], output);
+    std::string red = reduce_of(kind, opts.reduceOp, output, problem);
     at::Tensor flat;
     if (problem.empty()) {
       Tensors pieces;
       for (auto& i : inputs[0]) pieces.push_back(i.reshape({-1}));
       flat = at::cat(pieces);
     }
-    return collective(
-        kind, reduce_name(opts.reduceOp), inputs[0], checked,
-        program("reduce_scatter", red, output, {size_, output.numel()}),
-        [&](const pjrt::BufferPtr& out) {
-          assign(output, out);
-          average(opts.reduceOp, output);
-          return Tensors{output};
-        },
-        problem, flat);
+    return collective(kind, reduce_name(opts.reduceOp), inputs[0], cat(inputs[0], {output}),
+                      program("reduce_scatter", red, output, {size_, output.numel()}),
+                      [&](const Bufs& out) {
+                        assign(output, out[0]);
+                        average(opts.reduceOp, output);
+                        return Tensors{output};
+                      },
+                      problem, {flat.defined() ? flat : output});
   }
 
   WorkPtr alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& out_splits,
                         std::vector<int64_t>& in_splits, const c10d::AllToAllOptions&) override {
     const char* kind = "all_to_all_single";
-    const int64_t rows = input.dim() ? input.size(0) : 0;
-    auto even = [&](const std::vector<int64_t>& s) {
-      for (int64_t v : s)
-        if (v * size_ != rows) return false;
-      return true;
-    };
-    // Split sizes may differ between ranks: a rank with uneven ones fails them all.
     std::string problem;
-    if (!even(in_splits) || !even(out_splits))
-      problem = c10::str(kind,
-                         " with uneven split sizes is not supported between thread ranks (only "
-                         "even splits); run the ranks as processes with tpu_dist for it");
-    if (problem.empty()) problem = numel_check(kind, output, input.numel());
-    if (problem.empty() && rows % size_ != 0)
-      problem = c10::str(kind, ": ", rows, " rows do not split evenly over ", size_, " ranks");
-    return collective(
-        kind, "", {input}, {input, output},
-        program("all_to_all", "", input, {size_, input.numel() / size_}),
-        [&](const pjrt::BufferPtr& out) {
-          assign(output, out);
-          return Tensors{output};
-        },
-        problem);
+    std::vector<int64_t> ins = splits(kind, "input", input, in_splits, problem);
+    std::vector<int64_t> outs = splits(kind, "output", output, out_splits, problem);
+    if (problem.empty() &&
+        (output.scalar_type() != input.scalar_type() || rows_detail(output) != rows_detail(input)))
+      problem = c10::str(kind, ": the output ", output.scalar_type(), output.sizes(),
+                         " must have the input's dtype and trailing sizes (input ",
+                         input.scalar_type(), input.sizes(), ")");
+    at::Tensor rows =
+        problem.empty() ? input.reshape({input.dim() ? input.size(0) : 1, -1}) : input;
+    auto [got, whole] =
+        exchange_rows(kind, rows_detail(input), rows, ins, outs, {input, output}, problem);
+    if (whole)
+      assign(output, whole);
+    else
+      output.copy_(got.view(output.sizes()));
+    return completed_work({output});
+  }
+
+  // List all-to-all: one uneven exchange of the flattened pieces.
+  WorkPtr alltoall(Tensors& outputs, Tensors& inputs, const c10d::AllToAllOptions&) override {
+    const char* kind = "all_to_all";
+    std::string problem;
+    if (int(inputs.size()) != size_ || int(outputs.size()) != size_)
+      problem = c10::str(kind, ": ", inputs.size(), " inputs and ", outputs.size(), " outputs for ",
+                         size_, " ranks");
+    const auto dtype = inputs.empty() ? c10::kFloat : inputs[0].scalar_type();
+    std::vector<int64_t> ins, outs;
+    for (auto& t : cat(inputs, outputs))
+      if (problem.empty() && t.scalar_type() != dtype)
+        problem = c10::str(kind, ": a ", t.scalar_type(), t.sizes(), " tensor among ", dtype,
+                           " ones (one dtype for every input and output)");
+    Tensors flat;
+    for (auto& t : inputs) {
+      ins.push_back(t.numel());
+      flat.push_back(t.reshape({-1, 1}));
+    }
+    for (auto& t : outputs) outs.push_back(t.numel());
+    at::Tensor rows = problem.empty() ? at::cat(flat) : at::Tensor();
+    if (!problem.empty()) ins.assign(size_, 0), outs.assign(size_, 0);
+    auto [got, whole] = exchange_rows(kind, c10::str(dtype, " elements"), rows, ins, outs,
+                                      cat(inputs, outputs), problem);
+    int64_t off = 0;
+    for (auto& t : outputs) {
+      t.copy_(got.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+    return completed_work(outputs);
   }
 
   WorkPtr barrier(const c10d::BarrierOptions&) override {
     // Work queued before the barrier finishes first, as on CUDA.
     aten::synchronize();
-    return collective("barrier", "", {}, {}, Program{},
-                      [](const pjrt::BufferPtr&) { return Tensors{}; });
+    return collective("barrier", "", {}, {}, Program{}, [](const Bufs&) { return Tensors{}; });
   }
 
-  // Everything else says so at once on every rank (they all call it).
-  WorkPtr reduce(Tensors&, const c10d::ReduceOptions&) override { unsupported("reduce"); }
-  WorkPtr gather(std::vector<Tensors>&, Tensors&, const c10d::GatherOptions&) override {
-    unsupported("gather");
+  WorkPtr send(Tensors& tensors, int dst, int tag) override {
+    one_tensor("send", tensors.size());
+    const at::Tensor& t = tensors[0];
+    peer_check("send", dst, t);
+    aten::fused_flush("collective");
+    return local_send(p2p(), t, input_buffer(t), dst, tag);
   }
-  WorkPtr scatter(Tensors&, std::vector<Tensors>&, const c10d::ScatterOptions&) override {
-    unsupported("scatter");
+
+  WorkPtr recv(Tensors& tensors, int src, int tag) override {
+    one_tensor("recv", tensors.size());
+    peer_check("recv", src, tensors[0]);
+    return local_recv(p2p(), tensors[0], src, tag, assign);
   }
-  WorkPtr alltoall(Tensors&, Tensors&, const c10d::AllToAllOptions&) override {
-    unsupported("all_to_all (lists)");
+
+  WorkPtr recvAnysource(Tensors& tensors, int tag) override {
+    one_tensor("recv", tensors.size());
+    peer_check("recv", -1, tensors[0]);
+    return local_recv(p2p(), tensors[0], -1, tag, assign);
   }
-  WorkPtr allreduce_coalesced(Tensors&, const c10d::AllreduceCoalescedOptions&) override {
-    unsupported("all_reduce_coalesced");
-  }
-  WorkPtr allgather_coalesced(std::vector<Tensors>&, Tensors&,
-                              const c10d::AllgatherOptions&) override {
-    unsupported("all_gather_coalesced");
-  }
-  WorkPtr allgather_into_tensor_coalesced(Tensors&, Tensors&,
-                                          const c10d::AllgatherOptions&) override {
-    unsupported("all_gather_into_tensor_coalesced");
-  }
-  WorkPtr reduce_scatter_tensor_coalesced(Tensors&, Tensors&,
-                                          const c10d::ReduceScatterOptions&) override {
-    unsupported("reduce_scatter_tensor_coalesced");
-  }
-  WorkPtr send(Tensors&, int, int) override { unsupported("send"); }
-  WorkPtr recv(Tensors&, int, int) override { unsupported("recv"); }
-  WorkPtr recvAnysource(Tensors&, int) override { unsupported("recv"); }
 
  private:
-  // Cut the recorded Fused graph, bring this rank's input, meet the other
-  // ranks (agreement, then one launch), take this rank's output, count.
-  template <class Finish>
-  WorkPtr collective(const char* kind, std::string detail, const Tensors& agreed,
-                     const Tensors& local, const Program& prog, Finish finish,
-                     std::string problem = "", at::Tensor input = {}) {
-    const uint64_t seq = ++seq_;
-    auto start = Clock::now();
-    aten::fused_flush("collective");
-    Entry e{Call{kind, std::move(detail), agreed, ""}, nullptr, std::move(problem)};
+  // The caller's fingerprint, local checks and input buffers (one per part).
+  Entry entry(const char* kind, std::string detail, const Tensors& agreed, const Tensors& local,
+              std::string problem, const Tensors& inputs) const {
+    Entry e{Call{kind, std::move(detail), agreed, ""}, {}, {}, std::move(problem)};
     if (auto* where = aten::caller_location()) e.call.where = *where;
     for (auto& t : local)
       if (e.problem.empty()) e.problem = device_check(t);
-    if (!input.defined() && !agreed.empty()) input = agreed[0];
-    if (e.problem.empty() && !prog.kind.empty()) {
+    for (auto& t : inputs) {
+      if (!e.problem.empty()) break;
       try {
-        e.input = input_buffer(input);
+        e.inputs.push_back(input_buffer(t));
       } catch (const std::exception& ex) {
         e.problem = ex.what();
       }
     }
+    return e;
+  }
+
+  // Cut the recorded Fused graph, bring this rank's inputs (by default the
+  // first agreed tensor of each part), meet the other ranks (agreement, then
+  // one launch), take this rank's outputs, count.
+  template <class Finish>
+  WorkPtr collective(const char* kind, std::string detail, const Tensors& agreed,
+                     const Tensors& local, const Program& prog, Finish finish,
+                     std::string problem = "", Tensors inputs = {}) {
+    const uint64_t seq = ++seq_;
+    auto start = Clock::now();
+    aten::fused_flush("collective");
+    if (inputs.empty())
+      inputs.assign(agreed.begin(), agreed.begin() + std::min(agreed.size(), prog.parts.size()));
+    Entry e = entry(kind, std::move(detail), agreed, local, std::move(problem), inputs);
+    Met met = meet(*rv_, seq, 0, rank_, std::move(e), prog, timeout_);
+    Tensors outputs = finish(met.out);
+    count(kind, agreed, start);
+    return done(outputs);
+  }
+
+  // An all_to_all whose split sizes may differ between ranks and pairs: the
+  // ranks first exchange their splits (no data), then run the even device
+  // all_to_all over rows padded to the largest split, and each rank drops
+  // the padding. Returns the rows this rank receives, [sum(outs), rowlen],
+  // and the program's buffer itself when no padding was dropped.
+  std::pair<at::Tensor, pjrt::BufferPtr> exchange_rows(const char* kind, std::string detail,
+                                                       const at::Tensor& rows,
+                                                       const std::vector<int64_t>& ins,
+                                                       const std::vector<int64_t>& outs,
+                                                       const Tensors& local, std::string problem) {
+    const uint64_t seq = ++seq_;
+    auto start = Clock::now();
+    aten::fused_flush("collective");
+    Entry e = entry(kind, detail, {}, local, std::move(problem), {});
+    e.meta = cat_splits(ins, outs);
+    Program sizes;
+    sizes.check = splits_pair_up;
+    Met met = meet(*rv_, seq, 0, rank_, std::move(e), sizes, timeout_);
+    int64_t m = 0;
+    for (auto& meta : met.metas) m = std::max(m, *std::max_element(meta.begin(), meta.end()));
+    const int64_t rowlen = rows.size(1), total = sum(outs);
+    at::Tensor got;
+    pjrt::BufferPtr whole;
+    if (m == 0 || rowlen == 0) {
+      got = at::zeros({total, rowlen}, rows.options());
+    } else {
+      at::Tensor padded = pad_rows(rows, ins, m);
+      Program prog = program("all_to_all", "", rows, {size_, m * rowlen});
+      Entry e2 = entry(kind, detail + ", padded to " + std::to_string(m), {}, {}, "", {padded});
+      Met moved = meet(*rv_, seq, 1, rank_, std::move(e2), prog, timeout_);
+      at::Tensor all =
+          aten::wrap_buffer(moved.out[0], {size_, m, rowlen}, rows.scalar_type(), rank_);
+      if (std::all_of(outs.begin(), outs.end(), [&](int64_t s) { return s == m; })) {
+        got = all.view({size_ * m, rowlen});
+        whole = moved.out[0];
+      } else {
+        Tensors pieces;
+        for (int k = 0; k < size_; ++k) pieces.push_back(all.select(0, k).narrow(0, 0, outs[k]));
+        got = at::cat(pieces);
+      }
+    }
+    count(kind, {rows}, start);
+    return {got, whole};
+  }
+
+  // Split sizes as given, or even ones when none are ("" in `problem` else).
+  std::vector<int64_t> splits(const char* kind, const char* which, const at::Tensor& t,
+                              const std::vector<int64_t>& given, std::string& problem) const {
+    const int64_t rows = t.dim() ? t.size(0) : 1;
+    if (given.empty()) {
+      if (rows % size_ != 0 && problem.empty())
+        problem = c10::str(kind, ": ", rows, " ", which, " rows do not split evenly over ", size_,
+                           " ranks; pass ", which, "_split_sizes");
+      return std::vector<int64_t>(size_, rows / size_);
+    }
+    if (problem.empty() && (int(given.size()) != size_ || sum(given) != rows))
+      problem = c10::str(kind, ": ", which, "_split_sizes ", c10::IntArrayRef(given), " for ", rows,
+                         " rows and ", size_, " ranks");
+    if (int(given.size()) != size_) return std::vector<int64_t>(size_, 0);
+    return given;
+  }
+
+  PointToPoint p2p() const {
+    PointToPoint p{mailbox(*rv_), rank_, timeout_, ""};
+    if (auto* where = aten::caller_location()) p.where = *where;
+    return p;
+  }
+
+  void peer_check(const char* kind, int peer, const at::Tensor& t) const {
+    std::string problem = device_check(t);
+    if (problem.empty() && (peer >= size_ || peer == rank_ || peer < -1))
+      problem = c10::str("the peer rank ", peer, " is not another rank of ", size_);
+    if (!problem.empty()) raise(c10::str("tpu_local: ", kind, " on rank ", rank_, ": ", problem));
+  }
+
+  WorkPtr done(const Tensors& outputs) {
+    if (coalescing_) coalesced_.insert(coalesced_.end(), outputs.begin(), outputs.end());
+    return completed_work(outputs);
+  }
+
+  static void count(const char* kind, const Tensors& agreed, Clock::time_point start) {
     int64_t bytes = 0;
     for (auto& t : agreed) bytes += t.numel() * t.element_size();
-    pjrt::BufferPtr out = rv_->meet(seq, rank_, std::move(e), prog, timeout_);
-    Tensors outputs = finish(out);
     std::chrono::duration<double> took = Clock::now() - start;
     count_collective(kind, bytes, 0, took.count());
-    return completed_work(outputs);
+  }
+
+  static Part part(const at::Tensor& t, std::vector<int64_t> sizes) {
+    return Part{lower::to_dtype(t.scalar_type()), std::move(sizes)};
   }
 
   Program program(const char* kind, const std::string& red, const at::Tensor& t,
                   std::vector<int64_t> sizes) const {
-    return Program{kind, red, lower::to_dtype(t.scalar_type()), std::move(sizes), 0, 0};
+    return Program{kind, red, {part(t, std::move(sizes))}};
   }
 
   std::string device_check(const at::Tensor& t) const {
@@ -465,8 +606,9 @@ class TpuLocal final : public c10d::Backend {
                     " (torch.tpu.set_device(rank) and tensors made there)");
   }
 
-  // The device reduce op, or an error naming the op and what to do.
-  std::string reduce_of(const char* kind, const ReduceOp& op, const at::Tensor& t) const {
+  // The device reduce op, or a problem naming the op and what to do.
+  std::string reduce_of(const char* kind, const ReduceOp& op, const at::Tensor& t,
+                        std::string& problem) const {
     const bool integral =
         !at::isFloatingType(t.scalar_type()) && !at::isComplexType(t.scalar_type());
     switch (op.op_) {
@@ -483,9 +625,11 @@ class TpuLocal final : public c10d::Backend {
         break;
       default: break;
     }
-    raise(c10::str("tpu_local: ", kind, " with ", reduce_name(op), " on ", t.scalar_type(),
-                   " is not supported between thread ranks; run the ranks as processes with "
-                   "tpu_dist for it"));
+    if (problem.empty())
+      problem = c10::str(kind, " with ", reduce_name(op), " on ", t.scalar_type(),
+                         " is not supported between thread ranks; run the ranks as processes "
+                         "with tpu_dist for it");
+    return "sum";
   }
 
   // AVG is SUM then a division on the device (truncating for integers, as NCCL).
@@ -503,10 +647,25 @@ class TpuLocal final : public c10d::Backend {
     dst.copy_(all.select(0, k).view(dst.sizes()));
   }
 
-  static std::string numel_check(const char* kind, const at::Tensor& t, int64_t want) {
-    if (t.numel() == want) return "";
-    return c10::str(kind, ": a ", t.scalar_type(), t.sizes(), " tensor where ", want,
-                    " elements are needed");
+  // One tensor per rank, each like `like` (dtype and number of elements).
+  std::string rows_check(const char* kind, const Tensors& ts, const at::Tensor& like) const {
+    if (int(ts.size()) != size_)
+      return c10::str(kind, ": ", ts.size(), " tensors in the list for ", size_, " ranks");
+    for (auto& t : ts)
+      if (auto p = like_check(kind, t, like, like.numel()); !p.empty()) return p;
+    return "";
+  }
+
+  static std::string like_check(const char* kind, const at::Tensor& t, const at::Tensor& like,
+                                int64_t want) {
+    if (t.numel() == want && t.scalar_type() == like.scalar_type()) return "";
+    return c10::str(kind, ": a ", t.scalar_type(), t.sizes(), " tensor where ", want, " ",
+                    like.scalar_type(), " elements are needed");
+  }
+
+  static std::string count_check(const char* kind, size_t outputs, size_t inputs) {
+    if (outputs == inputs) return "";
+    return c10::str(kind, ": ", outputs, " outputs for ", inputs, " inputs");
   }
 
   static void one_tensor(const char* kind, size_t n) {
@@ -515,18 +674,26 @@ class TpuLocal final : public c10d::Backend {
                      " (each thread rank has one device)"));
   }
 
-  [[noreturn]] static void unsupported(const char* kind) {
-    raise(c10::str("tpu_local: ", kind,
-                   " is not supported between thread ranks (supported: ", kSupported,
-                   "); run the ranks as processes with the tpu_dist backend "
-                   "(torchrun) for it"));
+  static Tensors cat(Tensors a, const Tensors& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  static std::vector<int64_t> cat_splits(std::vector<int64_t> a, const std::vector<int64_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  static int64_t sum(const std::vector<int64_t>& v) {
+    int64_t s = 0;
+    for (int64_t x : v) s += x;
+    return s;
   }
 
   std::shared_ptr<Rendezvous> rv_;
   std::chrono::milliseconds timeout_;
   uint64_t seq_ = 0;
+  bool coalescing_ = false;
+  Tensors coalesced_;
 };
-
 }  // namespace
 
 c10::intrusive_ptr<c10d::Backend> make_local_backend(const std::string& session, int rank, int size,

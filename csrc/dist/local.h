@@ -2,7 +2,8 @@
 // on device tpu:r. Each collective meets in an in-process rendezvous shared
 // by the group's ranks; the last rank to arrive checks that every rank runs
 // the same call, then launches one replicated device program over all the
-// ranks' buffers (device.h). No host copies, no gloo.
+// ranks' buffers (device.h); sends and receives meet in the group's mailbox
+// (local_p2p.h). No host copies, no gloo.
 #pragma once
 #include <chrono>
 #include <string>

@@ -777,6 +777,20 @@ void Buffer::to_host(void* dst, size_t dst_bytes) const {
   Event(api, a.event).await("PJRT_Event_Await (PJRT_Buffer_ToHostBuffer)");
 }
 
+std::shared_ptr<Buffer> Buffer::copy_to_device(int device) const {
+  const PJRT_Api* api = client_->api();
+  auto a = TT_ARGS(Buffer_CopyToDevice);
+  a.buffer = buf_;
+  a.dst_device = client_->device(device);
+  TT_CALL(api, Buffer_CopyToDevice, a);
+  try {
+    return std::make_shared<Buffer>(client_, a.dst_buffer, dtype_, dims_);
+  } catch (...) {
+    destroy_buffer(api, a.dst_buffer);
+    throw;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Executable
 

@@ -118,6 +118,9 @@ class Buffer {
   bool is_ready() const;
   // Blocking copy of the whole buffer to host memory (row-major, dst_bytes == nbytes()).
   void to_host(void* dst, size_t dst_bytes) const;
+  // A copy on another device of the same client (PJRT_Buffer_CopyToDevice: a
+  // device-to-device transfer where the plugin has one); asynchronous.
+  std::shared_ptr<Buffer> copy_to_device(int device) const;
 
  private:
   std::shared_ptr<Client> client_;

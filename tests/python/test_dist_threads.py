@@ -12,9 +12,7 @@ from conftest import check_py
 SCRIPT = Path(__file__).resolve().parent / "dist" / "threads.py"
 
 
-@pytest.mark.parametrize("mode", ["strict", "fused"])
-@pytest.mark.parametrize("scenario", ["collectives", "ddp", "faults"])
-def test_thread_ranks(scenario, mode):
+def run(scenario, mode):
     proc = check_py(
         f"""
         import runpy, sys
@@ -25,3 +23,16 @@ def test_thread_ranks(scenario, mode):
         timeout=120,
     )
     assert f"{scenario} ok" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("scenario", ["collectives", "more", "p2p", "ddp", "faults"])
+def test_thread_ranks(scenario, mode):
+    run(scenario, mode)
+
+
+def test_fsdp2_and_dtensor():
+    """Strict only: in Fused Eager, rank threads running DTensor's fake-tensor sharding
+    propagation at once (FSDP2's optimizer step) can deadlock (docs/ARCHITECTURE.md,
+    "Not built yet")."""
+    run("fsdp_dtensor", "strict")
