@@ -50,21 +50,47 @@ struct ForeachOp {
 
 namespace {
 
-// What one element's lowering sees: element e of every list argument.
+// Element ops computed value by value: a foreach op over them can run once on
+// its lists flattened, so XLA makes one kernel for the whole list.
+bool pointwise(const std::string& element) {
+  static const std::set<std::string> ops = {
+      "add",       "sub",   "mul",   "div",        "lerp",    "addcmul", "addcdiv",
+      "sqrt",      "rsqrt", "neg",   "abs",        "exp",     "expm1",   "log",
+      "log1p",     "log2",  "log10", "reciprocal", "sigmoid", "sign",    "clamp_min",
+      "clamp_max", "pow",   "tanh",  "sin",        "cos",     "trunc",   "floor",
+      "ceil",      "round", "frac",  "erf",        "erfc"};
+  return ops.count(lower::base_name(element)) > 0;
+}
+
+// What the element op's lowering sees: element e of every list argument, or
+// (`flat`: the whole lists' output, rank 1) all elements at once, each
+// Tensor[] argument flattened and each Scalar[] one (all its values equal,
+// which the call's key records: flat_sizes) by its first value.
 class ElementCtx final : public lower::Ctx {
  public:
   ElementCtx(lower::Ctx& outer, const ForeachOp& m, int e, std::vector<std::vector<Value>>& lists,
-             std::vector<Value>& singles)
-      : Ctx(outer.b), outer_(outer), m_(m), e_(e), lists_(lists), singles_(singles) {
+             std::vector<Value>& singles, std::optional<Type> flat = std::nullopt)
+      : Ctx(outer.b),
+        outer_(outer),
+        m_(m),
+        e_(e),
+        flat_(std::move(flat)),
+        lists_(lists),
+        singles_(singles) {
     auto arg = [&](int i) -> const c10::IValue& { return outer.arg(i); };
-    for (size_t j = 0; j < m.src.size(); ++j) args_.push_back(m.element_arg(arg, j, e));
+    for (size_t j = 0; j < m.src.size(); ++j) {
+      c10::IValue a = m.element_arg(arg, j, e);
+      if (flat_ && m.src[j] >= 0 && m.per_element[m.src[j]] && a.isTensor())
+        a = at::empty(flat_->shape, a.toTensor().options().device(c10::kMeta));
+      args_.push_back(std::move(a));
+    }
   }
 
   const c10::IValue& arg(int j) const override { return args_.at(j); }
   int num_args() const override { return static_cast<int>(args_.size()); }
   const Type& out(int k) const override {
     TORCH_CHECK(k == 0, "[tpu] ", op_name(), ": ", m_.name, " has one output per element");
-    return outer_.out(e_);
+    return flat_ ? *flat_ : outer_.out(e_);
   }
   int num_outputs() const override { return 1; }
   const std::string& op_name() const override { return outer_.op_name(); }
@@ -72,8 +98,9 @@ class ElementCtx final : public lower::Ctx {
   Value in(int j) override {
     const int i = source(j);
     if (m_.per_element[i]) {
-      if (lists_[i].empty()) lists_[i] = outer_.list(i);
-      return lists_[i].at(e_);
+      if (lists_[i].empty())
+        lists_[i] = flat_ ? std::vector<Value>{outer_.flat_list(i)} : outer_.list(i);
+      return lists_[i].at(flat_ ? 0 : e_);
     }
     if (!singles_[i].valid()) singles_[i] = outer_.in(i);
     return singles_[i];
@@ -102,86 +129,14 @@ class ElementCtx final : public lower::Ctx {
 
   lower::Ctx& outer_;
   const ForeachOp& m_;
-  int e_;
+  int e_;  // 0 when flat: Scalar[] lists are uniform then
+  std::optional<Type> flat_;
   std::vector<c10::IValue> args_;
   std::vector<std::vector<Value>>& lists_;
   std::vector<Value>& singles_;
 };
 
-// Element ops computed value by value: a foreach op over them can run once on
-// its lists flattened (FlatCtx), so XLA makes one kernel for the whole list.
-bool pointwise(const std::string& element) {
-  static const std::set<std::string> ops = {
-      "add",       "sub",   "mul",   "div",        "lerp",    "addcmul", "addcdiv",
-      "sqrt",      "rsqrt", "neg",   "abs",        "exp",     "expm1",   "log",
-      "log1p",     "log2",  "log10", "reciprocal", "sigmoid", "sign",    "clamp_min",
-      "clamp_max", "pow",   "tanh",  "sin",        "cos",     "trunc",   "floor",
-      "ceil",      "round", "frac",  "erf",        "erfc"};
-  return ops.count(lower::base_name(element)) > 0;
-}
-
-// What the element op sees when it runs once over the whole lists: each
-// Tensor[] argument flattened to one rank-1 value, each Scalar[] argument
-// (all its values equal, which the call's key records) its first value.
-class FlatCtx final : public lower::Ctx {
- public:
-  FlatCtx(lower::Ctx& outer, const ForeachOp& m, int64_t total, DType dtype)
-      : Ctx(outer.b), outer_(outer), m_(m) {
-    out_ = Type{dtype, {total}};
-    flat_.resize(m.per_element.size());
-    singles_.resize(m.per_element.size());
-    auto arg = [&](int i) -> const c10::IValue& { return outer.arg(i); };
-    for (size_t j = 0; j < m.src.size(); ++j) {
-      const int i = m.src[j];
-      c10::IValue a = m.element_arg(arg, j, 0);
-      if (i >= 0 && m.per_element[i] && a.isTensor())
-        a = at::empty({total}, a.toTensor().options().device(c10::kMeta));
-      args_.push_back(std::move(a));
-    }
-  }
-
-  const c10::IValue& arg(int j) const override { return args_.at(j); }
-  int num_args() const override { return static_cast<int>(args_.size()); }
-  const Type& out(int) const override { return out_; }
-  int num_outputs() const override { return 1; }
-  const std::string& op_name() const override { return outer_.op_name(); }
-
-  Value in(int j) override {
-    const int i = source(j);
-    if (m_.per_element[i]) {
-      if (!flat_[i].valid()) flat_[i] = outer_.flat_list(i);
-      return flat_[i];
-    }
-    if (!singles_[i].valid()) singles_[i] = outer_.in(i);
-    return singles_[i];
-  }
-  std::vector<Value> list(int j) override { return outer_.list(source(j)); }
-  Value scalar(int j, DType as) override {
-    if (m_.src[j] < 0) return b.constant(arg(j).toScalar().toDouble(), as);
-    const int i = m_.src[j];
-    // A Scalar[] list is uniform here (flat_sizes): its first value serves all.
-    return m_.per_element[i] ? outer_.scalar_at(i, 0, as) : outer_.scalar(i, as);
-  }
-  Value scalar_at(int j, int k, DType as) override { return outer_.scalar_at(source(j), k, as); }
-  void update(int, Value) override { TORCH_CHECK(false, "[tpu] flat foreach writes"); }
-  void update_at(int, int, Value) override { TORCH_CHECK(false, "[tpu] flat foreach writes"); }
-  Value rng_state(int64_t) override { TORCH_CHECK(false, "[tpu] flat foreach draws"); }
-
- private:
-  int source(int j) const {
-    TORCH_CHECK(m_.src.at(j) >= 0, "[tpu] ", op_name(), ": argument ", j, " of ", m_.name,
-                " is not an argument of the foreach op");
-    return m_.src[j];
-  }
-
-  lower::Ctx& outer_;
-  const ForeachOp& m_;
-  Type out_;
-  std::vector<c10::IValue> args_;
-  std::vector<Value> flat_, singles_;
-};
-
-// The element sizes when the call can run flat (FlatCtx): a pointwise element
+// The element sizes when the call can run flat (ElementCtx with `flat`): a pointwise element
 // op, every list element shaped like its output, one output dtype, single
 // tensors 0-dim, Scalar[] lists of one kind; nullopt otherwise.
 std::optional<std::vector<int64_t>> flat_sizes(lower::Ctx& c, const ForeachOp& f, size_t n) {
@@ -350,15 +305,21 @@ const ForeachOp* foreach_op(const c10::FunctionSchema& s, std::vector<uint8_t>& 
   const ForeachOp* f = m.get();
   m->rule = [f](lower::Ctx& c) -> std::vector<Value> {
     const size_t n = f->count([&](int i) -> const c10::IValue& { return c.arg(i); });
+    std::vector<std::vector<Value>> lists(f->per_element.size());
+    std::vector<Value> singles(f->per_element.size());
+    auto run = [&](ElementCtx&& ec) {
+      std::vector<Value> v = (*f->element)(ec);
+      TORCH_CHECK(v.size() == 1, "[tpu] ", c.op_name(), ": ", f->name, " returned ", v.size(),
+                  " values for one output");
+      return v[0];
+    };
+    std::vector<Value> out;
     if (auto numels = flat_sizes(c, *f, n)) {
       int64_t total = 0;
       for (int64_t k : *numels) total += k;
-      FlatCtx fc(c, *f, total, c.out(0).dtype);
-      std::vector<Value> v = (*f->element)(fc);
-      TORCH_CHECK(v.size() == 1, "[tpu] ", c.op_name(), ": ", f->name, " returned ", v.size(),
-                  " values for one output");
-      Value all = lower::broadcast_to(c.b, v[0], fc.out(0).shape);
-      std::vector<Value> out;
+      Value all = lower::broadcast_to(
+          c.b, run(ElementCtx(c, *f, 0, lists, singles, Type{c.out(0).dtype, {total}})), {total});
+      // Each element's output is its slice (hlo::Builder joins adjacent slices again).
       int64_t at = 0;
       for (size_t e = 0; e < n; ++e) {
         const Type& t = c.out(static_cast<int>(e));
@@ -367,16 +328,8 @@ const ForeachOp* foreach_op(const c10::FunctionSchema& s, std::vector<uint8_t>& 
       }
       return out;
     }
-    std::vector<std::vector<Value>> lists(f->per_element.size());
-    std::vector<Value> singles(f->per_element.size());
-    std::vector<Value> out;
-    for (size_t e = 0; e < n; ++e) {
-      ElementCtx ec(c, *f, static_cast<int>(e), lists, singles);
-      std::vector<Value> v = (*f->element)(ec);
-      TORCH_CHECK(v.size() == 1, "[tpu] ", c.op_name(), ": ", f->name, " returned ", v.size(),
-                  " values for one output");
-      out.push_back(v[0]);
-    }
+    for (size_t e = 0; e < n; ++e)
+      out.push_back(run(ElementCtx(c, *f, static_cast<int>(e), lists, singles)));
     return out;
   };
   // Kept for the process: OpInfos point at it.

@@ -132,3 +132,11 @@ def eager(request):
     with torchtpu.eager_mode(request.param):
         assert torchtpu.get_eager_mode() == request.param
         yield request.param
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches emptied before and after the test (torch.compile tests)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -14,12 +14,7 @@ from conftest import assert_tpu_close, check_py
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 from models import GPT, MLP, copy_task_batch
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _rel(a: list[float], b: list[float]) -> float:

@@ -17,12 +17,7 @@ from conftest import assert_tpu_close
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 from models import MLP
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _counts() -> tuple[int, int]:

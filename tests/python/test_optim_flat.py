@@ -1,6 +1,6 @@
 """torchtpu.optim.flatten: parameters and optimizer state as views of flat storages, and
 foreach ops over such lists (or over adjacent slices of one value) lowered once for the
-whole list (csrc/aten/foreach.cpp FlatCtx, program.cpp tiling)."""
+whole list (csrc/aten/foreach.cpp flat_sizes, program.cpp tiling)."""
 
 from __future__ import annotations
 
