@@ -63,12 +63,16 @@ def per_op_cost(rounds: int = 7, n: int = 5000) -> tuple[float, float]:
 class Trainer:
     """A model and its AdamW optimizer on one device; `run` times training steps
     (forward, backward, clip, step, loss.item()). With `backend`, the model runs under
-    torch.compile with that backend."""
+    torch.compile with that backend; with `flat`, torchtpu.optim.flatten(optimizer)."""
 
-    def __init__(self, model_fn, batches, device: str, backend: str | None = None) -> None:
+    def __init__(
+        self, model_fn, batches, device: str, backend: str | None = None, flat: bool = False
+    ) -> None:
         torch.manual_seed(0)
         self.model = model_fn().to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        if flat:
+            torchtpu.optim.flatten(self.opt)
         self.fwd = torch.compile(self.model, backend=backend) if backend else self.model
         self.batches, self.device, self.i = batches, device, 0
 
@@ -232,6 +236,15 @@ def print_compiled(batches, rounds: int, steps: int) -> None:
         'torch.compile(backend="tpu"), Fused around': (
             "fused",
             Trainer(GPT, batches, "tpu", "tpu"),
+        ),
+        "tpu Fused Eager, optim.flatten": ("fused", Trainer(GPT, batches, "tpu", flat=True)),
+        'torch.compile(backend="tpu"), Strict around, optim.flatten': (
+            "strict",
+            Trainer(GPT, batches, "tpu", "tpu", flat=True),
+        ),
+        'torch.compile(backend="tpu"), Fused around, optim.flatten': (
+            "fused",
+            Trainer(GPT, batches, "tpu", "tpu", flat=True),
         ),
     }
     times: dict[str, list] = {name: [] for name in runs}

@@ -146,47 +146,47 @@ def _capture_end(args: Sequence[Any], out: Any) -> int:
 
 
 class _Replays:
-    """The captured programs of one compiled graph, one per size key: a later call
-    whose arguments have the layout of the captured call launches the program
-    directly instead of recording the graph's ops again (TORCHTPU_GRAPH_REPLAY=0
-    turns this off). The first call of a key captures; a key that cannot be
-    captured runs the graph every time."""
+    """The captured programs of one compiled graph, per size key: a later call whose
+    arguments have the layout of a captured call launches that program directly
+    instead of recording the graph's ops again (TORCHTPU_GRAPH_REPLAY=0 turns this
+    off). A call of a new layout captures, up to LAYOUTS layouts per key (one graph
+    serves every instance of a module class, each with its parameters' layout); a key
+    that cannot be captured runs the graph every time."""
+
+    LAYOUTS = 4
 
     def __init__(self, label: str) -> None:
         self.label = label
         self.enabled = os.environ.get("TORCHTPU_GRAPH_REPLAY", "1") != "0"
-        self.by_key: dict = {}  # key -> (handle, output template) or None
+        self.by_key: dict = {}  # key -> [(handle, output template, output type)]
+        self.refused: set = set()
 
     def run(self, gm: Callable, args: list, key: Any) -> Any:
-        got = self.by_key.get(key, False)
-        if got:
-            handle, template, kind = got
-            outs = torch.ops.torchtpu._graph_replay(
-                handle, [a for a in args if isinstance(a, torch.Tensor)]
-            )
-            if outs:
-                return kind(outs[v] if t else v for t, v in template)
-            return _run_fused(gm, args)[0]  # another layout than the captured call's
-        capture = self.enabled and got is False
+        captured = self.by_key.setdefault(key, [])
+        if captured:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            for handle, template, kind in captured:
+                outs = torch.ops.torchtpu._graph_replay(handle, tensors)
+                if outs:
+                    return kind(outs[v] if t else v for t, v in template)
+        capture = self.enabled and key not in self.refused and len(captured) < self.LAYOUTS
         out, handle = _run_fused(gm, args, capture)
-        if capture:
-            self.by_key[key] = None
-            if not handle:
-                _record("no_replay", self.label, _C.graph_capture_refusal())
-            else:
-                n = itertools.count()
-                template = [
-                    (True, next(n)) if isinstance(o, torch.Tensor) else (False, o) for o in out
-                ]
-                self.by_key[key] = (handle, template, type(out))
+        if capture and not handle:
+            self.refused.add(key)
+            _record("no_replay", self.label, _C.graph_capture_refusal())
+        elif capture:
+            n = itertools.count()
+            template = [(True, next(n)) if isinstance(o, torch.Tensor) else (False, o) for o in out]
+            captured.append((handle, template, type(out)))
         return out
 
     def __del__(self) -> None:
         # At interpreter shutdown the module may be gone first.
         release = getattr(_C, "graph_release", None)
-        for got in self.by_key.values():
-            if got and release is not None:
-                release(got[0])
+        for captured in self.by_key.values():
+            for handle, _, _ in captured:
+                if release is not None:
+                    release(handle)
 
 
 def _symbol_values(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], tuple]:

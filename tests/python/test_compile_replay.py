@@ -103,11 +103,17 @@ def test_outputs_sharing_a_new_storage_stay_shared():
     assert float(a.abs().sum()) == 0.0
 
 
-def test_another_layout_runs_the_graph():
+def test_each_layout_is_captured_and_replayed():
     cfn = torch.compile(lambda x: x.exp() + 1, backend="tpu")
-    base = torch.randn(10, device="tpu")
-    for lo in (0, 0, 5, 5, 2):  # same sizes, other storage offsets
+    base = torch.randn(40, device="tpu")
+    before = torchtpu.metrics()["graph_replays"]
+    # Same sizes, other storage offsets: one graph, a capture per layout (up to 4;
+    # one graph serves every instance of a module class, each with its own layout).
+    for lo in (0, 5, 0, 5, 10, 15, 20, 25, 0, 25):
         assert_tpu_close(cfn(base[lo : lo + 5]), base.cpu()[lo : lo + 5].exp() + 1)
+    # Captured: 0, 5, 10, 15; replayed: the second 0 and 5, and the last 0;
+    # 20 and 25 run the graph (4 layouts held).
+    assert torchtpu.metrics()["graph_replays"] - before == 3
 
 
 def test_random_numbers_are_fresh_on_every_replay():
