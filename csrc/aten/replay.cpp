@@ -299,6 +299,10 @@ std::vector<at::Tensor> replay_graph(int64_t handle, at::TensorList args) {
     if (a >= 0) {
       (*st)[a]->dtype = results[k]->dtype();
       (*st)[a]->buffer = std::move(results[k]);
+      // As the graph's own in-place ops would: autograd sees the argument changed.
+      for (size_t i = 0; i < args.size(); ++i)
+        if ((*st)[i] == (*st)[a] && !args[i].is_inference())
+          args[i].unsafeGetTensorImpl()->bump_version();
     } else if (a == -1) {
       fresh[k] = fresh_storage(r->res_nbytes[k], std::move(results[k]), r->device);
     }
