@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import check_against_cpu
+from conftest import check_against_cpu, check_py
 
 
 def _x():
@@ -133,32 +133,40 @@ def _routed_step(x, w, threshold):
 def test_fused_graphs_stay_cached_when_a_count_changes():
     """Fused Eager runs the calls on count-sized values op by op, so the recorded graphs
     around them keep static keys: after warm-up no new fused graph is compiled, while
-    the count changes every step. Values match the CPU."""
-    import torchtpu
+    the count changes every step. Values match the CPU. In a fresh process: the program
+    table of a long test session empties itself when full, and its refills would count."""
+    import inspect
 
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(8, 8, generator=g)
-    xs = [torch.randn(32, 8, generator=g) for _ in range(8)]
-    thresholds = [-1.0, 0.0, 0.5, -0.5, 0.2, -0.2, 0.8, -0.8]
-    counts = [int((x[:, 0] > t).sum()) for x, t in zip(xs, thresholds)]
-    assert len(set(counts)) == len(counts)
+    check_py(
+        inspect.getsource(_routed_step)
+        + """
+import torch, torchtpu
 
-    def fused_graphs():
-        return sum(
-            v
-            for k, v in torchtpu.metrics()["programs_by_op"].items()
-            if k.startswith("fused graph")
-        )
+g = torch.Generator().manual_seed(0)
+w = torch.randn(8, 8, generator=g)
+xs = [torch.randn(32, 8, generator=g) for _ in range(8)]
+thresholds = [-1.0, 0.0, 0.5, -0.5, 0.2, -0.2, 0.8, -0.8]
+counts = [int((x[:, 0] > t).sum()) for x, t in zip(xs, thresholds)]
+assert len(set(counts)) == len(counts)
 
-    wt = w.to("tpu")
-    with torchtpu.eager_mode("fused"):
-        per_step = []
-        for x, t in zip(xs, thresholds):
-            before = fused_graphs()
-            loss, out = _routed_step(x.to("tpu"), wt, t)
-            ref_loss, ref_out = _routed_step(x, w, t)
-            torch.testing.assert_close(out.cpu(), ref_out, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(loss.cpu(), ref_loss, rtol=1e-5, atol=1e-4)
-            per_step.append(fused_graphs() - before)
-    assert sum(per_step[2:]) == 0, per_step
-    assert torchtpu.metrics()["fused_cuts"].get("value_sized", 0) > 0
+
+def fused_graphs():
+    return sum(
+        v for k, v in torchtpu.metrics()["programs_by_op"].items() if k.startswith("fused graph")
+    )
+
+
+wt = w.to("tpu")
+with torchtpu.eager_mode("fused"):
+    per_step = []
+    for x, t in zip(xs, thresholds):
+        before = fused_graphs()
+        loss, out = _routed_step(x.to("tpu"), wt, t)
+        ref_loss, ref_out = _routed_step(x, w, t)
+        torch.testing.assert_close(out.cpu(), ref_out, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loss.cpu(), ref_loss, rtol=1e-5, atol=1e-4)
+        per_step.append(fused_graphs() - before)
+assert sum(per_step[2:]) == 0, per_step
+assert torchtpu.metrics()["fused_cuts"].get("value_sized", 0) > 0
+"""
+    )
