@@ -75,14 +75,16 @@ struct Counters {
 };
 thread_local std::optional<Counters> t_begin;
 
+int index_of(const std::vector<DeviceStorage*>& v, const DeviceStorage* s) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (v[i] == s) return static_cast<int>(i);
+  return -1;
+}
+
 ArgSig signature(const at::Tensor& t, const std::vector<DeviceStorage*>& seen) {
   const DeviceStorage& st = device_storage(t.storage());
-  int same = -1;
-  for (size_t j = 0; j < seen.size() && same < 0; ++j)
-    if (seen[j] == &st) same = static_cast<int>(j);
-  return {st.device,         t.scalar_type(),    t.sizes().vec(),
-          t.strides().vec(), t.storage_offset(), st.nbytes,
-          st.dtype,          st.has_value(),     same};
+  return {st.device, t.scalar_type(), t.sizes().vec(), t.strides().vec(),  t.storage_offset(),
+          st.nbytes, st.dtype,        st.has_value(),  index_of(seen, &st)};
 }
 
 // signature(t, seen) == sig, without building the signature.
@@ -93,11 +95,8 @@ bool matches(const at::Tensor& t, const DeviceStorage& st, const ArgSig& sig,
       t.storage_offset() != sig.offset || !t.sizes().equals(sig.sizes) ||
       !t.strides().equals(sig.strides))
     return false;
-  const DeviceStorage* same = sig.same_as < 0 ? nullptr : seen[sig.same_as];
-  if (same) return same == &st;
-  for (const DeviceStorage* s : seen)
-    if (s == &st) return false;  // shares a storage the capture did not
-  return true;
+  // Shares a storage with the same earlier argument as in the capture (or none).
+  return index_of(seen, &st) == sig.same_as;
 }
 
 bool on_device(const at::Tensor& t) { return t.defined() && t.device().is_privateuseone(); }
@@ -111,12 +110,6 @@ std::optional<std::vector<DeviceStorage*>> storages_of(at::TensorList args) {
     st.push_back(&device_storage(t.storage()));
   }
   return st;
-}
-
-int index_of(const std::vector<DeviceStorage*>& v, const DeviceStorage* s) {
-  for (size_t i = 0; i < v.size(); ++i)
-    if (v[i] == s) return static_cast<int>(i);
-  return -1;
 }
 
 thread_local std::string t_why;

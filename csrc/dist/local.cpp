@@ -125,8 +125,7 @@ class TpuLocal final : public c10d::Backend {
     return collective(
         kind, reduce_name(opts.reduceOp), {t}, {t}, program(kind, red, t, {t.numel()}),
         [&](const Bufs& out) {
-          assign(t, out[0]);
-          average(opts.reduceOp, t);
+          reduced(t, out[0], opts.reduceOp);
           return Tensors{t};
         },
         problem);
@@ -145,10 +144,7 @@ class TpuLocal final : public c10d::Backend {
     return collective(
         kind, reduce_name(opts.reduceOp), tensors, tensors, Program{"all_reduce", red, parts},
         [&](const Bufs& out) {
-          for (size_t i = 0; i < tensors.size(); ++i) {
-            assign(tensors[i], out[i]);
-            average(opts.reduceOp, tensors[i]);
-          }
+          for (size_t i = 0; i < tensors.size(); ++i) reduced(tensors[i], out[i], opts.reduceOp);
           return tensors;
         },
         problem);
@@ -167,10 +163,7 @@ class TpuLocal final : public c10d::Backend {
         kind, reduce_name(opts.reduceOp) + ", root " + std::to_string(root), {t}, {t},
         program("all_reduce", red, t, {t.numel()}),
         [&](const Bufs& out) {
-          if (rank_ == root) {
-            assign(t, out[0]);
-            average(opts.reduceOp, t);
-          }
+          if (rank_ == root) reduced(t, out[0], opts.reduceOp);
           return Tensors{t};
         },
         problem);
@@ -329,8 +322,7 @@ class TpuLocal final : public c10d::Backend {
         kind, reduce_name(opts.reduceOp), {input}, {input, output},
         program("reduce_scatter", red, input, {size_, output.numel()}),
         [&](const Bufs& out) {
-          assign(output, out[0]);
-          average(opts.reduceOp, output);
+          reduced(output, out[0], opts.reduceOp);
           return Tensors{output};
         },
         problem);
@@ -353,10 +345,7 @@ class TpuLocal final : public c10d::Backend {
         kind, reduce_name(opts.reduceOp), inputs, cat(inputs, outputs),
         Program{"reduce_scatter", red, parts},
         [&](const Bufs& out) {
-          for (size_t i = 0; i < outputs.size(); ++i) {
-            assign(outputs[i], out[i]);
-            average(opts.reduceOp, outputs[i]);
-          }
+          for (size_t i = 0; i < outputs.size(); ++i) reduced(outputs[i], out[i], opts.reduceOp);
           return outputs;
         },
         problem);
@@ -633,6 +622,12 @@ class TpuLocal final : public c10d::Backend {
   }
 
   // AVG is SUM then a division on the device (truncating for integers, as NCCL).
+  // A reduction's result into `t`: the buffer, then AVG's division.
+  void reduced(at::Tensor& t, const pjrt::BufferPtr& buf, const ReduceOp& op) const {
+    assign(t, buf);
+    average(op, t);
+  }
+
   void average(const ReduceOp& op, at::Tensor& t) const {
     if (op.op_ != ReduceOp::AVG) return;
     if (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()))

@@ -136,8 +136,7 @@ def _capture_end(args: Sequence[Any], out: Any) -> int:
         )
         and any(isinstance(o, torch.Tensor) for o in outs)
     )
-    if not ok:
-        _C.flush_reason("compiled_graph")
+    if not ok:  # the caller's flush runs the graph
         _C.graph_capture_refuse("the graph takes a host tensor or returns other than tpu tensors")
         return 0
     return torch.ops.torchtpu._graph_capture_end(
@@ -183,10 +182,11 @@ class _Replays:
     def __del__(self) -> None:
         # At interpreter shutdown the module may be gone first.
         release = getattr(_C, "graph_release", None)
+        if release is None:
+            return
         for captured in self.by_key.values():
             for handle, _, _ in captured:
-                if release is not None:
-                    release(handle)
+                release(handle)
 
 
 def _symbol_values(gm: torch.fx.GraphModule) -> Callable[[Sequence[Any]], tuple]:

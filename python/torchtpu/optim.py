@@ -40,12 +40,16 @@ def _groups(ts: list[torch.Tensor]) -> list[list[int]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
+def _replacements(ts: list[torch.Tensor]) -> list[tuple[int, torch.Tensor]]:
+    """(i, flat view that replaces ts[i]) for every tensor that gets flattened."""
+    return [(i, v) for idx in _groups(ts) for i, v in zip(idx, _flat_views([ts[i] for i in idx]))]
+
+
 def _flatten_params(optimizer: torch.optim.Optimizer) -> None:
     for group in optimizer.param_groups:
         params = group["params"]
-        for idx in _groups(params):
-            for i, v in zip(idx, _flat_views([params[i] for i in idx])):
-                params[i].data = v
+        for i, v in _replacements(params):
+            params[i].data = v
 
 
 def _flatten_state(optimizer: torch.optim.Optimizer) -> None:
@@ -59,10 +63,8 @@ def _flatten_state(optimizer: torch.optim.Optimizer) -> None:
         }
         for k in sorted(keys):
             owners = [p for p in params if isinstance(optimizer.state[p].get(k), torch.Tensor)]
-            ts = [optimizer.state[p][k] for p in owners]
-            for idx in _groups(ts):
-                for i, v in zip(idx, _flat_views([ts[i] for i in idx])):
-                    optimizer.state[owners[i]][k] = v
+            for i, v in _replacements([optimizer.state[p][k] for p in owners]):
+                optimizer.state[owners[i]][k] = v
 
 
 def flatten(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
