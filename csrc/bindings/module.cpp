@@ -377,13 +377,13 @@ PYBIND11_MODULE(_C, m) {
       "The tpu_dist c10d backend over `host` (a gloo backend of the same ranks).");
   m.def(
       "_dist_local_backend",
-      [](const std::string& session, int rank, int size, double timeout_s) {
+      [](const std::string& session, int rank, const std::vector<int>& devices, double timeout_s) {
         return torchtpu::dist::make_local_backend(
-            session, rank, size, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+            session, rank, devices, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
       },
       py::call_guard<py::gil_scoped_release>(),
-      "The tpu_local c10d backend: rank `rank` of `size` thread ranks of this process meeting "
-      "in the rendezvous named `session`.");
+      "The tpu_local c10d backend: rank `rank` of the thread ranks of this process on tpu "
+      "`devices` (one per rank), meeting in the rendezvous named `session`.");
   m.def("_dist_local_left", &torchtpu::dist::local_rank_left,
         py::call_guard<py::gil_scoped_release>(),
         "Marks a tpu_local rank as gone (its thread raised): the other ranks fail at once.");

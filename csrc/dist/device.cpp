@@ -65,6 +65,16 @@ ReplicatedProgram replicated_program(const std::string& kind, DType dt,
 ReplicatedProgram replicated_program(const std::string& kind, const std::vector<Part>& parts,
                                      const std::string& reduce, int64_t dim, int64_t dim2,
                                      const std::vector<std::vector<int64_t>>& pairs, int64_t n) {
+  std::vector<int> devices(n);
+  for (int64_t i = 0; i < n; ++i) devices[i] = int(i);
+  return replicated_program(kind, parts, reduce, dim, dim2, pairs, devices);
+}
+
+ReplicatedProgram replicated_program(const std::string& kind, const std::vector<Part>& parts,
+                                     const std::string& reduce, int64_t dim, int64_t dim2,
+                                     const std::vector<std::vector<int64_t>>& pairs,
+                                     const std::vector<int>& devices) {
+  const int64_t n = int64_t(devices.size());
   // One program: each part's flat storage in, the collective on its shape, flat out.
   const hlo::Builder::Groups all = {[&] {
     std::vector<int64_t> g;
@@ -103,7 +113,14 @@ ReplicatedProgram replicated_program(const std::string& kind, const std::vector<
   }
   p.out_shape = p.out_shapes.at(0);
   b.ret(outs);
-  p.exe = aten::compile_cached(b.module(), {.num_replicas = int(n)});
+  pjrt::CompileOptions options{.num_replicas = int(n)};
+  // Devices 0..n-1 keep the default assignment (and the programs' cache keys).
+  for (int64_t i = 0; i < n; ++i)
+    if (devices[i] != i) {
+      for (int d : devices) options.replica_devices.push_back(aten::client().device_id(d));
+      break;
+    }
+  p.exe = aten::compile_cached(b.module(), options);
   return p;
 }
 

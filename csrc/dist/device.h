@@ -36,7 +36,7 @@ struct Part {
   DType dt = DType::F32;
   std::vector<int64_t> sizes;
 };
-// Runs a replicated program (replica i on device i) and waits for its outputs:
+// Runs a replicated program (replica i on its device) and waits for its outputs:
 // one at a time in the process (see device.cpp).
 std::vector<std::vector<pjrt::BufferPtr>> run_replicated(
     pjrt::Executable& exe, const std::vector<std::vector<pjrt::Buffer*>>& args);
@@ -48,5 +48,10 @@ ReplicatedProgram replicated_program(const std::string& kind, DType dt,
 ReplicatedProgram replicated_program(const std::string& kind, const std::vector<Part>& parts,
                                      const std::string& reduce, int64_t dim, int64_t dim2,
                                      const std::vector<std::vector<int64_t>>& pairs, int64_t n);
+// The same with replica r on tpu:devices[r] (n = devices.size()).
+ReplicatedProgram replicated_program(const std::string& kind, const std::vector<Part>& parts,
+                                     const std::string& reduce, int64_t dim, int64_t dim2,
+                                     const std::vector<std::vector<int64_t>>& pairs,
+                                     const std::vector<int>& devices);
 
 }  // namespace torchtpu::dist

@@ -94,8 +94,9 @@ std::string splits_pair_up(const Metas& metas) {
 
 class TpuLocal final : public c10d::Backend {
  public:
-  TpuLocal(std::shared_ptr<Rendezvous> rv, int rank, int size, std::chrono::milliseconds timeout)
-      : Backend(rank, size), rv_(std::move(rv)), timeout_(timeout) {}
+  TpuLocal(std::shared_ptr<Rendezvous> rv, int rank, int size, int device,
+           std::chrono::milliseconds timeout)
+      : Backend(rank, size), rv_(std::move(rv)), device_(device), timeout_(timeout) {}
 
   const std::string getBackendName() const override { return "tpu_local"; }
   void setSequenceNumberForGroup() override {}
@@ -128,7 +129,7 @@ class TpuLocal final : public c10d::Backend {
           reduced(t, out[0], opts.reduceOp);
           return Tensors{t};
         },
-        problem);
+        problem, scaled(opts.reduceOp, {t}));
   }
 
   // One program of one all_reduce per tensor (dtypes may differ).
@@ -147,7 +148,7 @@ class TpuLocal final : public c10d::Backend {
           for (size_t i = 0; i < tensors.size(); ++i) reduced(tensors[i], out[i], opts.reduceOp);
           return tensors;
         },
-        problem);
+        problem, scaled(opts.reduceOp, tensors));
   }
 
   // An all_reduce of which the root keeps the result; the other ranks' tensors
@@ -166,7 +167,7 @@ class TpuLocal final : public c10d::Backend {
           if (rank_ == root) reduced(t, out[0], opts.reduceOp);
           return Tensors{t};
         },
-        problem);
+        problem, scaled(opts.reduceOp, {t}));
   }
 
   WorkPtr broadcast(Tensors& tensors, const c10d::BroadcastOptions& opts) override {
@@ -325,7 +326,7 @@ class TpuLocal final : public c10d::Backend {
           reduced(output, out[0], opts.reduceOp);
           return Tensors{output};
         },
-        problem);
+        problem, scaled(opts.reduceOp, {input}));
   }
 
   // One program of one reduce_scatter per pair.
@@ -348,7 +349,7 @@ class TpuLocal final : public c10d::Backend {
           for (size_t i = 0; i < outputs.size(); ++i) reduced(outputs[i], out[i], opts.reduceOp);
           return outputs;
         },
-        problem);
+        problem, scaled(opts.reduceOp, inputs));
   }
 
   WorkPtr reduce_scatter(Tensors& outputs, std::vector<Tensors>& inputs,
@@ -365,14 +366,15 @@ class TpuLocal final : public c10d::Backend {
       for (auto& i : inputs[0]) pieces.push_back(i.reshape({-1}));
       flat = at::cat(pieces);
     }
-    return collective(kind, reduce_name(opts.reduceOp), inputs[0], cat(inputs[0], {output}),
-                      program("reduce_scatter", red, output, {size_, output.numel()}),
-                      [&](const Bufs& out) {
-                        assign(output, out[0]);
-                        average(opts.reduceOp, output);
-                        return Tensors{output};
-                      },
-                      problem, {flat.defined() ? flat : output});
+    return collective(
+        kind, reduce_name(opts.reduceOp), inputs[0], cat(inputs[0], {output}),
+        program("reduce_scatter", red, output, {size_, output.numel()}),
+        [&](const Bufs& out) {
+          assign(output, out[0]);
+          average(opts.reduceOp, output);
+          return Tensors{output};
+        },
+        problem, scaled(opts.reduceOp, {flat.defined() ? flat : output}));
   }
 
   WorkPtr alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& out_splits,
@@ -523,7 +525,7 @@ class TpuLocal final : public c10d::Backend {
       Entry e2 = entry(kind, detail + ", padded to " + std::to_string(m), {}, {}, "", {padded});
       Met moved = meet(*rv_, seq, 1, rank_, std::move(e2), prog, timeout_);
       at::Tensor all =
-          aten::wrap_buffer(moved.out[0], {size_, m, rowlen}, rows.scalar_type(), rank_);
+          aten::wrap_buffer(moved.out[0], {size_, m, rowlen}, rows.scalar_type(), device_);
       if (std::all_of(outs.begin(), outs.end(), [&](int64_t s) { return s == m; })) {
         got = all.view({size_ * m, rowlen});
         whole = moved.out[0];
@@ -555,7 +557,7 @@ class TpuLocal final : public c10d::Backend {
   }
 
   PointToPoint p2p() const {
-    PointToPoint p{mailbox(*rv_), rank_, timeout_, ""};
+    PointToPoint p{mailbox(*rv_), rank_, device_, timeout_, ""};
     if (auto* where = aten::caller_location()) p.where = *where;
     return p;
   }
@@ -589,9 +591,10 @@ class TpuLocal final : public c10d::Backend {
   }
 
   std::string device_check(const at::Tensor& t) const {
-    if (t.device().type() == c10::DeviceType::PrivateUse1 && t.device().index() == rank_) return "";
+    if (t.device().type() == c10::DeviceType::PrivateUse1 && t.device().index() == device_)
+      return "";
     return c10::str("a ", t.scalar_type(), t.sizes(), " tensor on ", t.device(), "; rank ", rank_,
-                    " of a thread group runs on tpu:", rank_,
+                    " of a thread group runs on tpu:", device_,
                     " (torch.tpu.set_device(rank) and tensors made there)");
   }
 
@@ -606,6 +609,9 @@ class TpuLocal final : public c10d::Backend {
       case ReduceOp::PRODUCT: return "prod";
       case ReduceOp::MIN: return "min";
       case ReduceOp::MAX: return "max";
+      case ReduceOp::PREMUL_SUM:
+        if (!integral && premul_factor(op)) return "sum";  // of the scaled inputs
+        break;
       case ReduceOp::BAND:
       case ReduceOp::BOR:
       case ReduceOp::BXOR:
@@ -619,6 +625,22 @@ class TpuLocal final : public c10d::Backend {
                          " is not supported between thread ranks; run the ranks as processes "
                          "with tpu_dist for it");
     return "sum";
+  }
+
+  static const c10d::PreMulSumSupplement* premul_factor(const ReduceOp& op) {
+    return dynamic_cast<const c10d::PreMulSumSupplement*>(op.supplement_.get());
+  }
+
+  // PREMUL_SUM sums the inputs times its factor: the program takes scaled
+  // copies, so the callers' tensors keep their values until the result lands.
+  // Other ops take `ts` as they are.
+  static Tensors scaled(const ReduceOp& op, Tensors ts) {
+    const auto* sup = op.op_ == ReduceOp::PREMUL_SUM ? premul_factor(op) : nullptr;
+    if (!sup) return ts;
+    for (auto& t : ts)
+      t = sup->tensor_factor.defined() ? t * sup->tensor_factor.to(t.device())
+                                       : t * sup->double_factor;
+    return ts;
   }
 
   // AVG is SUM then a division on the device (truncating for integers, as NCCL).
@@ -638,7 +660,7 @@ class TpuLocal final : public c10d::Backend {
 
   // Row `k` of a gathered [size, numel] buffer into `dst` (a device copy).
   void copy_row(at::Tensor& dst, const pjrt::BufferPtr& buf, int k) const {
-    at::Tensor all = aten::wrap_buffer(buf, {size_, dst.numel()}, dst.scalar_type(), rank_);
+    at::Tensor all = aten::wrap_buffer(buf, {size_, dst.numel()}, dst.scalar_type(), device_);
     dst.copy_(all.select(0, k).view(dst.sizes()));
   }
 
@@ -684,6 +706,7 @@ class TpuLocal final : public c10d::Backend {
   }
 
   std::shared_ptr<Rendezvous> rv_;
+  const int device_;  // this rank's tpu device index
   std::chrono::milliseconds timeout_;
   uint64_t seq_ = 0;
   bool coalescing_ = false;
@@ -691,15 +714,23 @@ class TpuLocal final : public c10d::Backend {
 };
 }  // namespace
 
-c10::intrusive_ptr<c10d::Backend> make_local_backend(const std::string& session, int rank, int size,
+c10::intrusive_ptr<c10d::Backend> make_local_backend(const std::string& session, int rank,
+                                                     const std::vector<int>& devices,
                                                      std::chrono::milliseconds timeout) {
+  const int size = int(devices.size());
   TORCH_CHECK_VALUE(size >= 1 && rank >= 0 && rank < size, "tpu_local: rank ", rank,
                     " of world_size ", size);
-  TORCH_CHECK_VALUE(size <= aten::device_count(), "tpu_local: world_size ", size, " but ",
+  std::vector<int> sorted = devices;
+  std::sort(sorted.begin(), sorted.end());
+  TORCH_CHECK_VALUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() &&
+                        sorted.front() >= 0 && sorted.back() < aten::device_count(),
+                    "tpu_local: the group's ranks run on devices ",
+                    c10::IntArrayRef(std::vector<int64_t>(devices.begin(), devices.end())), " but ",
                     aten::device_count(),
-                    " tpu devices in this process (set TORCHTPU_NUM_DEVICES before importing "
-                    "torchtpu)");
-  return c10::make_intrusive<TpuLocal>(rendezvous(session, size), rank, size, timeout);
+                    " tpu devices are in this process, one per rank (set TORCHTPU_NUM_DEVICES "
+                    "before importing torchtpu)");
+  return c10::make_intrusive<TpuLocal>(rendezvous(session, devices), rank, size, devices[rank],
+                                       timeout);
 }
 
 bool local_rank_left(const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& why) {

@@ -241,7 +241,7 @@ c10::intrusive_ptr<c10d::Work> local_recv(
     if (!p.box->await(r, false, block, p.timeout)) return false;
     try {
       at::Tensor dst = t;
-      assign(dst, r->from == p.rank ? r->buf : r->buf->copy_to_device(p.rank));
+      assign(dst, r->from == p.rank ? r->buf : r->buf->copy_to_device(p.device));
     } catch (const std::exception& e) {
       raise(c10::str(r->what, ": the copy from tpu:", r->from, " failed: ", e.what()));
     }

@@ -28,6 +28,7 @@ void mailbox_leave(Mailbox& box, int rank, const std::string& why);
 struct PointToPoint {
   std::shared_ptr<Mailbox> box;
   int rank = 0;
+  int device = 0;  // the rank's tpu device index
   std::chrono::milliseconds timeout{0};
   std::string where;  // the caller's Python "file:line", if known
 };

@@ -33,8 +33,13 @@ struct Round {
 
 class Rendezvous {
  public:
-  explicit Rendezvous(int size) : size_(size), left_(size), mailbox_(make_mailbox(size)) {}
+  explicit Rendezvous(std::vector<int> devices)
+      : size_(int(devices.size())),
+        devices_(std::move(devices)),
+        left_(size_),
+        mailbox_(make_mailbox(size_)) {}
   int size() const { return size_; }
+  const std::vector<int>& devices() const { return devices_; }
   const std::shared_ptr<Mailbox>& mailbox() const { return mailbox_; }
 
   // Blocks until every rank brought step `step` (0, or 1 for the second
@@ -123,7 +128,7 @@ class Rendezvous {
   std::vector<Bufs> launch(Round& r, const Program& prog) {
     if (prog.parts.empty()) return {};
     ReplicatedProgram p =
-        replicated_program(prog.kind, prog.parts, prog.reduce, prog.dim, prog.dim2, {}, size_);
+        replicated_program(prog.kind, prog.parts, prog.reduce, prog.dim, prog.dim2, {}, devices_);
     std::vector<std::vector<pjrt::Buffer*>> args(size_);
     for (int k = 0; k < size_; ++k) {
       TORCH_CHECK(r.in[k]->inputs.size() == prog.parts.size(), "rank ", k, " brought ",
@@ -169,6 +174,7 @@ class Rendezvous {
   }
 
   const int size_;
+  const std::vector<int> devices_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::pair<uint64_t, int>, Round> rounds_;
@@ -182,7 +188,9 @@ class Rendezvous {
 // The group's rendezvous, held here until every rank joined: a rank may
 // finish (and drop its backend) before a slower one joins, which must still
 // find it and see that rank gone.
-std::shared_ptr<Rendezvous> rendezvous(const std::string& session, int size) {
+std::shared_ptr<Rendezvous> rendezvous(const std::string& session,
+                                       const std::vector<int>& devices) {
+  const int size = int(devices.size());
   struct Joining {
     std::shared_ptr<Rendezvous> held;  // until `size` ranks joined
     std::weak_ptr<Rendezvous> weak;
@@ -196,10 +204,13 @@ std::shared_ptr<Rendezvous> rendezvous(const std::string& session, int size) {
   Joining& j = all[session];
   auto p = j.weak.lock();
   if (p) {
-    TORCH_CHECK_VALUE(p->size() == size, "tpu_local: group '", session, "' has ", p->size(),
-                      " ranks, a rank joined with world_size ", size);
+    TORCH_CHECK_VALUE(
+        p->devices() == devices, "tpu_local: group '", session, "' runs on devices ",
+        c10::IntArrayRef(std::vector<int64_t>(p->devices().begin(), p->devices().end())),
+        ", a rank joined with devices ",
+        c10::IntArrayRef(std::vector<int64_t>(devices.begin(), devices.end())));
   } else {
-    p = std::make_shared<Rendezvous>(size);
+    p = std::make_shared<Rendezvous>(devices);
     j = Joining{p, p, 0};
   }
   if (++j.joined >= size) j.held.reset();

@@ -51,8 +51,9 @@ struct Met {
 
 class Rendezvous;
 
-// The group named `session` (created by its first rank), of `size` ranks.
-std::shared_ptr<Rendezvous> rendezvous(const std::string& session, int size);
+// The group named `session` (created by its first rank): rank k runs on
+// tpu:devices[k].
+std::shared_ptr<Rendezvous> rendezvous(const std::string& session, const std::vector<int>& devices);
 
 // Blocks until every rank brought step `step` (0, or 1 for the second round
 // of an uneven all_to_all) of collective `seq`; returns this rank's outputs

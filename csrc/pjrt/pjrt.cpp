@@ -1036,6 +1036,17 @@ PJRT_Device* Client::device(int index) const {
   return devices_[static_cast<size_t>(index)];
 }
 
+int64_t Client::device_id(int index) const {
+  const PJRT_Api* api = plugin_->api();
+  auto d = TT_ARGS(Device_GetDescription);
+  d.device = device(index);
+  TT_CALL(api, Device_GetDescription, d);
+  auto a = TT_ARGS(DeviceDescription_Id);
+  a.device_description = d.device_description;
+  TT_CALL(api, DeviceDescription_Id, a);
+  return a.id;
+}
+
 bool Client::dma_map(void* data, size_t size) noexcept {
   const PJRT_Api* api = plugin_->api();
   auto* fn = TT_FN(api, Client_DmaMap);
@@ -1131,6 +1142,22 @@ std::string encode_compile_options(const CompileOptions& options) {
   put_varint_field(build, 1, static_cast<uint64_t>(int64_t{-1}));  // device_ordinal: unpinned.
   put_varint_field(build, 4, static_cast<uint64_t>(options.num_replicas));
   put_varint_field(build, 5, static_cast<uint64_t>(options.num_partitions));
+  if (!options.replica_devices.empty()) {
+    if (options.num_partitions != 1 ||
+        options.replica_devices.size() != static_cast<size_t>(options.num_replicas))
+      throw Error("CompileOptions: " + std::to_string(options.replica_devices.size()) +
+                  " replica devices for " + std::to_string(options.num_replicas) +
+                  " replicas of 1 partition");
+    std::string ids;  // packed repeated int64 replica_device_ids
+    for (int64_t id : options.replica_devices) put_varint(ids, static_cast<uint64_t>(id));
+    std::string computation;  // DeviceAssignmentProto.ComputationDevice
+    put_bytes_field(computation, 1, ids);
+    std::string assignment;  // DeviceAssignmentProto
+    put_varint_field(assignment, 1, static_cast<uint64_t>(options.num_replicas));
+    put_varint_field(assignment, 2, 1);
+    put_bytes_field(assignment, 3, computation);
+    put_bytes_field(build, 9, assignment);
+  }
   std::string out;  // CompileOptionsProto
   put_bytes_field(out, 3, build);
   // Single-device programs are compiled portable: one executable then runs on

@@ -141,6 +141,9 @@ struct CompileOptions {
   int num_replicas = 1;
   int num_partitions = 1;
   std::vector<OptionOverride> overrides;
+  // PJRT device ids, one per replica (Client::device_id): replica r runs on
+  // replica_devices[r]. Empty: the plugin's default, replica i on device i.
+  std::vector<int64_t> replica_devices;
 };
 
 class Executable {
@@ -155,7 +158,8 @@ class Executable {
   // from Buffer::await_ready / to_host. Arguments must live on `device`.
   std::vector<BufferPtr> execute(std::span<Buffer* const> args, int device);
   // A program compiled with num_replicas = args.size(): replica i runs on
-  // device i with args[i]; returns each replica's outputs.
+  // its assigned device (device i by default) with args[i]; returns each
+  // replica's outputs.
   std::vector<std::vector<BufferPtr>> execute_replicated(
       const std::vector<std::vector<Buffer*>>& args);
   // PJRT_Executable_Serialize bytes (valid for the same plugin build only).
@@ -187,6 +191,7 @@ class Client : public std::enable_shared_from_this<Client> {
   PJRT_Client* raw() const { return client_; }
   int device_count() const { return static_cast<int>(devices_.size()); }  // addressable
   PJRT_Device* device(int index) const;  // throws Error on a bad index
+  int64_t device_id(int index) const;    // the device's global PJRT id
   const std::string& platform_name() const { return platform_name_; }
   const std::string& platform_version() const { return platform_version_; }
 

@@ -147,7 +147,9 @@ def _create_local(opts, _pg_options):
             "(torchtpu.distributed.run_on_devices); across processes use tpu_dist"
         )
     secs = timeout_seconds(opts.timeout)
-    return _C._dist_local_backend(session, opts.group_rank, opts.group_size, secs)
+    # Global rank r runs on tpu:r; a subgroup's ranks on their global ranks' devices.
+    devices = list(opts.global_ranks_in_group) or list(range(opts.group_size))
+    return _C._dist_local_backend(session, opts.group_rank, devices, secs)
 
 
 class _RankWorld:

@@ -382,6 +382,36 @@ TEST(PjrtCompileOptions, GoldenBytes) {
       hex(encode_compile_options({.overrides = {{"a", true}, {"b", std::string("x")}}})),
       "1a 0f 08 ff ff ff ff ff ff ff ff ff 01 20 01 28 01 20 01 3a 07 0a 01 61 12 02 10 01 3a "
       "08 0a 01 62 12 03 0a 01 78");
+  // device_assignment (field 9): {replica_count = 2, computation_count = 1,
+  // computation_devices = [{replica_device_ids = [1, 0] (packed)}]}.
+  EXPECT_EQ(hex(encode_compile_options({.num_replicas = 2, .replica_devices = {1, 0}})),
+            "1a 1b 08 ff ff ff ff ff ff ff ff ff 01 20 02 28 01 4a 0a 08 02 10 01 1a 04 0a 02 01 "
+            "00");
+  error_of([] { encode_compile_options({.num_replicas = 2, .replica_devices = {1}}); });
+}
+
+// A replicated program with a device assignment runs replica r on the device
+// it names: replica 0 takes its argument on device 1 and adds its replica id.
+TEST(PjrtCompileOptions, ReplicaDevicesPlaceReplicas) {
+  const char program[] = R"(module {
+  func.func public @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+    %r = stablehlo.replica_id : tensor<ui32>
+    %f = stablehlo.convert %r : (tensor<ui32>) -> tensor<f32>
+    %b = stablehlo.broadcast_in_dim %f, dims = [] : (tensor<f32>) -> tensor<2xf32>
+    %c = stablehlo.add %a, %b : tensor<2xf32>
+    return %c : tensor<2xf32>
+  }
+})";
+  ClientPtr client = cpu_client();
+  ExecutablePtr exe = client->compile(
+      program,
+      {.num_replicas = 2, .replica_devices = {client->device_id(1), client->device_id(0)}});
+  float ten[2] = {10, 10}, twenty[2] = {20, 20};
+  BufferPtr on1 = client->buffer_from_host(ten, DType::F32, std::vector<int64_t>{2}, 1);
+  BufferPtr on0 = client->buffer_from_host(twenty, DType::F32, std::vector<int64_t>{2}, 0);
+  auto out = exe->execute_replicated({{on1.get()}, {on0.get()}});
+  EXPECT_EQ(to_floats(*out[0][0]), (std::vector<float>{10, 10}));
+  EXPECT_EQ(to_floats(*out[1][0]), (std::vector<float>{21, 21}));
 }
 
 // The plugin applies per-compile overrides: xla_dump_to writes this compile's

@@ -26,7 +26,7 @@ def run(scenario, mode):
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-@pytest.mark.parametrize("scenario", ["collectives", "more", "p2p", "ddp", "faults"])
+@pytest.mark.parametrize("scenario", ["collectives", "more", "p2p", "groups", "ddp", "faults"])
 def test_thread_ranks(scenario, mode):
     run(scenario, mode)
 

@@ -1,6 +1,6 @@
 """c10d ranks over the devices of one process (the tpu_local backend, one thread per
 device through torchtpu.distributed.run_on_devices). Run with TORCHTPU_NUM_DEVICES=4.
-argv: scenario (collectives|ddp|faults) mode (strict|fused). Prints "<scenario> ok" last."""
+argv: scenario (collectives|more|p2p|groups|fsdp_dtensor|ddp|faults) mode (strict|fused). Prints "<scenario> ok" last."""
 
 import copy
 import sys
@@ -80,6 +80,19 @@ def check_collectives():
             rs = torch.empty(2, 3, dtype=dtype, device=dev)
             dist.reduce_scatter(rs, list(mine.chunk(N)))
             out["reduce_scatter"] = rs
+            if dtype.is_floating_point:
+                # PREMUL_SUM (FSDP2's gradient scaling), with a Python and a tensor factor.
+                t = mine.clone()
+                dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+                out["all_reduce premul"] = t
+                rs = torch.empty(2, 3, dtype=dtype, device=dev)
+                factor = torch.tensor(0.25, device=dev)
+                dist.reduce_scatter_tensor(rs, mine, op=dist._make_nccl_premul_sum(factor))
+                out["reduce_scatter_tensor premul"] = rs
+                rs = torch.empty(2, 3, dtype=dtype, device=dev)
+                dist.reduce_scatter(rs, list(mine.chunk(N)), op=dist._make_nccl_premul_sum(2.0))
+                out["reduce_scatter premul"] = rs
+                assert torch.equal(mine.cpu(), xs[rank].to(dtype)), "inputs must not change"
             b = mine.clone()
             dist.broadcast(b, src=2)
             out["broadcast"] = b
@@ -101,14 +114,20 @@ def check_collectives():
             for op in (R.SUM, R.AVG, R.MAX):
                 want[f"reduce_scatter_tensor {op}"] = cpu_reduce(xs, op).chunk(N)[rank]
             want["reduce_scatter"] = cpu_reduce(xs, R.SUM).chunk(N)[rank]
+            if dtype.is_floating_point:
+                want["all_reduce premul"] = cpu_reduce([x * 0.5 for x in xs], R.SUM)
+                quarter = cpu_reduce([x * 0.25 for x in xs], R.SUM)
+                want["reduce_scatter_tensor premul"] = quarter.chunk(N)[rank]
+                double = cpu_reduce([x * 2.0 for x in xs], R.SUM)
+                want["reduce_scatter premul"] = double.chunk(N)[rank]
             want["broadcast"] = xs[2]
             want["all_to_all_single"] = torch.cat([x.chunk(N)[rank] for x in xs])
             for k, w in want.items():
                 assert torch.equal(got[rank][k], w), (dtype, rank, k, got[rank][k], w)
     stats = torchtpu.metrics()["collectives"]
     assert all(v["host_copy_bytes"] == 0 for v in stats.values()), stats
-    # 3 dtypes x 4 ranks x 6 all_reduce calls, counted by kind.
-    assert stats["all_reduce"]["calls"] == 3 * N * 6, stats
+    # 3 dtypes x 4 ranks x 6 all_reduce calls, and one PREMUL_SUM each for 2 float dtypes.
+    assert stats["all_reduce"]["calls"] == 3 * N * 6 + 2 * N, stats
 
     # Large all-reduces back to back, never waited for in between: XLA:CPU aborted the
     # process when two replicated programs were in flight at once.
@@ -309,6 +328,67 @@ def check_p2p():
     assert got[3]["source"].item() == 2 and torch.equal(got[3]["any"], xs[2] + 1), got[3]
     stats = torchtpu.metrics()["collectives"]
     assert stats["send"]["calls"] == N + 4 and stats["recv"]["calls"] == N + 4, stats
+    assert all(v["host_copy_bytes"] == 0 for v in stats.values()), stats
+
+
+def check_groups():
+    """Subgroups whose ranks are not devices 0..n-1: each group rank runs on its global
+    rank's device (new_group, a 2-D DeviceMesh's dimension groups, DTensor on it)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    xs = inputs(torch.float32)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(8, 4, generator=g)
+
+    def body(rank, xs):
+        dev = torch.device("tpu", rank)
+        mine = xs[rank].to(dev)
+        out = {}
+        odd, even = dist.new_group([1, 3]), dist.new_group([0, 2])
+        group = odd if rank % 2 else even
+        t = mine.clone()
+        dist.all_reduce(t, group=group)
+        out["all_reduce"] = t
+        gathered = torch.empty(2 * 8, 3, device=dev)
+        dist.all_gather_into_tensor(gathered, mine, group=group)
+        out["all_gather"] = gathered
+        b = mine.clone()
+        dist.broadcast(b, group=group, group_src=1)
+        out["broadcast"] = b
+        got = torch.empty_like(mine)
+        if dist.get_rank(group) == 0:
+            dist.send(mine * 3, group=group, group_dst=1)
+        else:
+            dist.recv(got, group=group, group_src=0)
+            out["recv"] = got
+        # A 2-D mesh: dimension 0 groups ranks {0, 2} and {1, 3}.
+        mesh = init_device_mesh("tpu", (2, 2))
+        t = mine.clone()
+        dist.all_reduce(t, group=mesh.get_group(0))
+        out["mesh dim 0"] = t
+        d = distribute_tensor(w.to(dev), mesh, [Shard(0), Replicate()])
+        out["dtensor local"] = d.to_local()
+        out["dtensor full"] = d.redistribute(mesh, [Replicate(), Replicate()]).to_local()
+        return {k: v.cpu() for k, v in out.items()}
+
+    got = run_on_devices(body, N, args=(xs,), join_timeout=JOIN)
+    for rank in range(N):
+        peers = [rank % 2, rank % 2 + 2]
+        want = {
+            "all_reduce": xs[peers[0]] + xs[peers[1]],
+            "all_gather": torch.cat([xs[p] for p in peers]),
+            "broadcast": xs[peers[1]],
+            "mesh dim 0": xs[peers[0]] + xs[peers[1]],
+            "dtensor local": w.chunk(2)[rank // 2],
+            "dtensor full": w,
+        }
+        if rank >= 2:
+            want["recv"] = xs[peers[0]] * 3
+        assert got[rank].keys() == want.keys(), (rank, got[rank].keys())
+        for k, v in want.items():
+            assert torch.equal(got[rank][k], v), (rank, k, got[rank][k], v)
+    stats = torchtpu.metrics()["collectives"]
     assert all(v["host_copy_bytes"] == 0 for v in stats.values()), stats
 
 
@@ -573,6 +653,7 @@ start = time.monotonic()
     "collectives": check_collectives,
     "more": check_more,
     "p2p": check_p2p,
+    "groups": check_groups,
     "fsdp_dtensor": check_fsdp_dtensor,
     "ddp": check_ddp,
     "faults": check_faults,
