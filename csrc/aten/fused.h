@@ -37,5 +37,10 @@ std::vector<std::pair<std::string, int64_t>> fused_cut_report();
 void set_location_hook(const std::string* (*hook)());
 // The hook's answer now (nullptr without a hook or a Python frame).
 const std::string* caller_location();
+// Bindings hook: runs `wait` (a blocking wait for the Fused graph's lock)
+// without Python's GIL when this thread holds it. A C++ path that calls us
+// with the GIL held (DTensor's dispatch) would otherwise deadlock with a
+// graph owner that needs the GIL (a Python kernel, caller_location).
+void set_wait_hook(void (*hook)(c10::function_ref<void()> wait));
 
 }  // namespace torchtpu::aten

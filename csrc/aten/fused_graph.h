@@ -101,6 +101,16 @@ struct Graph {
 
 // Leaked: storages may die after static destructors run.
 Graph& graph();
+
+// Holds `g.mu`. A thread that must wait for it waits through the bindings'
+// wait hook (set_wait_hook), without Python's GIL.
+class GraphLock {
+ public:
+  explicit GraphLock(Graph& g);
+
+ private:
+  std::unique_lock<std::recursive_mutex> lock_;
+};
 extern std::atomic<bool> g_nonempty;
 
 // Runs the graph (see fused_run.cpp); with `target`, the calls the host's

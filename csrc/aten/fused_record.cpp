@@ -32,6 +32,7 @@ void put(std::string& k, const T& v) {
 }
 
 const std::string* (*g_location)() = nullptr;
+void (*g_wait)(c10::function_ref<void()>) = nullptr;
 
 size_t max_ops() {
   static size_t n = [] {
@@ -134,6 +135,15 @@ std::shared_ptr<const Template> make_template(const c10::OperatorHandle& op, con
 
 void set_location_hook(const std::string* (*hook)()) { g_location = hook; }
 const std::string* caller_location() { return g_location ? g_location() : nullptr; }
+void set_wait_hook(void (*hook)(c10::function_ref<void()>)) { g_wait = hook; }
+
+fused::GraphLock::GraphLock(Graph& g) : lock_(g.mu, std::try_to_lock) {
+  if (lock_.owns_lock()) return;
+  if (g_wait)
+    g_wait([this] { lock_.lock(); });
+  else
+    lock_.lock();
+}
 
 void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
   CallKey call = key_call(op, info, *stack);
@@ -149,7 +159,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   }
 
   Graph& g = graph();
-  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  GraphLock lock(g);
   const int device = storages.empty() ? current_device() : storages[0]->device;
   if (!g.nodes.empty() && device != g.device) flush_locked(g, "device_switch");
 
@@ -255,7 +265,7 @@ bool in_compiled_graph() { return t_compiled_graph; }
 bool fused_holds(const DeviceStorage& st) {
   if (!g_nonempty) return false;
   Graph& g = graph();
-  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  GraphLock lock(g);
   return g.slot_of.count(&st) > 0;
 }
 
@@ -265,7 +275,7 @@ namespace {
 void storage_freed(DeviceStorage* st) {
   if (!g_nonempty) return;
   Graph& g = graph();
-  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  GraphLock lock(g);
   auto it = g.slot_of.find(st);
   if (it == g.slot_of.end()) return;
   g.slots[it->second].st = nullptr;

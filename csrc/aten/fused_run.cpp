@@ -384,7 +384,7 @@ void flush_locked(Graph& g, const char* reason, int target) {
 void fused_flush(const char* reason) {
   if (!g_nonempty) return;
   Graph& g = graph();
-  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  GraphLock lock(g);
   flush_locked(g, reason);
 }
 
@@ -392,7 +392,7 @@ void fused_sync(const DeviceStorage& st, const char* reason, bool write) {
   if (st.error) TORCH_CHECK(false, *st.error);
   if (!g_nonempty) return;
   Graph& g = graph();
-  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  GraphLock lock(g);
   if (!write && !st.pending) {
     // The value was computed ahead of its read; the read still ends the graph,
     // as it would have without the read-ahead cut, so the graphs keep their shape.
@@ -407,7 +407,7 @@ void fused_sync(const DeviceStorage& st, const char* reason, bool write) {
 
 std::vector<std::pair<std::string, int64_t>> fused_cut_report() {
   Graph& g = graph();
-  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  GraphLock lock(g);
   return {g.cuts.begin(), g.cuts.end()};
 }
 

@@ -207,7 +207,7 @@ void capture_begin() { t_begin = Counters::now(); }
 
 int64_t capture_end(at::TensorList args, at::TensorList outs) {
   fused::Graph& g = fused::graph();
-  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  fused::GraphLock lock(g);
   std::optional<Counters> before = std::exchange(t_begin, std::nullopt);
   const Counters now = Counters::now();
   // Everything the graph did was recorded into this one graph: no program ran,

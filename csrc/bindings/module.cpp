@@ -186,9 +186,20 @@ at::Generator gen(int device) { return default_generator(device < 0 ? current_de
 
 }  // namespace
 
+// Waits for the Fused graph's lock without the GIL, if this thread holds it.
+void wait_without_gil(c10::function_ref<void()> wait) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    py::gil_scoped_release no_gil;
+    wait();
+  } else {
+    wait();
+  }
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchTPU native core";
   set_location_hook(&python_location);
+  set_wait_hook(&wait_without_gil);
   register_foreach_kernels();
   // c10 errors become the matching Python exceptions, without C++ backtraces.
   py::register_exception_translator([](std::exception_ptr p) {

@@ -191,6 +191,13 @@ class _ThreadWorlds:
 
 _threads_lock = threading.Lock()
 _threads_active = 0
+_fake_lock_before = None
+
+
+def _sharding_propagator():
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    return ShardingPropagator
 
 
 def _enter_threads() -> _ThreadWorlds:
@@ -202,6 +209,13 @@ def _enter_threads() -> _ThreadWorlds:
         if _threads_active == 0:
             # c10d's C++ group registry per thread (autograd threads map to their rank).
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
+            # DTensor derives output metadata by running ops under a FakeTensorMode,
+            # whose state is not thread-safe: rank threads at once got fake tensors on
+            # another rank's device. Torch's own threaded tests serialize it so.
+            global _fake_lock_before
+            prop = _sharding_propagator()
+            _fake_lock_before = prop._fake_mode_lock
+            prop._fake_mode_lock = threading.Lock()
         _threads_active += 1
         return c10d._world
 
@@ -212,6 +226,7 @@ def _leave_threads() -> None:
         _threads_active -= 1
         if _threads_active == 0:
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
+            _sharding_propagator()._fake_mode_lock = _fake_lock_before
 
 
 def run_on_devices(

@@ -405,10 +405,10 @@ def check_fsdp_dtensor():
         mesh = init_device_mesh("tpu", (N,))
         a = distribute_tensor(w.to(f"tpu:{rank}"), mesh, [Shard(0)])
         b = distribute_tensor(x.t().contiguous().to(f"tpu:{rank}"), mesh, [Replicate()])
-        # No op that needs DTensor's sharding propagation: it runs ops under a
-        # FakeTensorMode, whose tensors sometimes land on another rank's device when
-        # ranks are threads (docs/ARCHITECTURE.md, "Not built yet").
         got = {
+            # Sharding propagation runs the op under a FakeTensorMode: rank threads at
+            # once once got fake tensors on another rank's device (now serialized).
+            "matmul": [(a @ b).full_tensor() for _ in range(5)][-1],
             "local": a.to_local(),
             "full": a.full_tensor(),
             "replicated": a.redistribute(mesh, [Replicate()]).to_local(),
@@ -420,6 +420,9 @@ def check_fsdp_dtensor():
         assert torch.equal(got["local"], w.chunk(N)[rank]), rank
         assert torch.equal(got["full"], w) and torch.equal(got["replicated"], w), rank
         assert torch.equal(got["gathered rows"], x.t()), rank
+        # Each rank's rows are its shard's own product, as one device computes it.
+        rows = torch.cat([(w.chunk(N)[k].to("tpu:0") @ x.t().to("tpu:0")).cpu() for k in range(N)])
+        assert torch.equal(got["matmul"], rows), rank
 
     torch.manual_seed(0)
     init = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
