@@ -221,9 +221,79 @@ def print_cold_vs_warm(how: str = "eager") -> None:
         print(f"WARNING: the warm run compiled {warm['stats']['misses']} programs (expected 0)")
 
 
+PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchax_peer.py")
+
+
+class TorchaxPeer:
+    """bench/torchax_peer.py in a child process (two XLA runtimes never share a process),
+    serving timed GPT steps on request so that its rounds interleave with the other rows.
+    `run` matches Trainer.run; the child idles on its stdin between rounds."""
+
+    device = "peer"
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, PEER, "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.info: dict | None = None
+
+    @staticmethod
+    def start() -> TorchaxPeer | None:
+        """The peer, or None with a line saying why it is skipped."""
+        import importlib.util
+
+        if not all(importlib.util.find_spec(m) for m in ("torchax", "optax", "jax")):
+            print(
+                "torchax peer skipped: torchax/optax/jax not installed "
+                "(`make bench` installs the `peer` extra of pyproject.toml)"
+            )
+            return None
+        return TorchaxPeer()
+
+    def ready(self) -> bool:
+        """Waits for the child's warm-up and correctness check."""
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            err = self.proc.stderr.read().strip().splitlines()[-3:]
+            print(f"torchax peer skipped: it exited with {self.proc.returncode}: {err}")
+            return False
+        self.info = json.loads(line)
+        return True
+
+    def run(self, steps: int) -> list[tuple[float, float]]:
+        self.proc.stdin.write(f"{steps}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"torchax peer died: {self.proc.stderr.read()[-2000:]}")
+        return [(t, t) for t in json.loads(line)["times"]]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+    def summary(self) -> str:
+        i = self.info
+        return (
+            f"torchax {i['torchax']} on jax {i['jax']} (make_train_step, optax clip + AdamW, "
+            f"donated weights and state; {i['removed_overloads']} op-table entries naming "
+            f"overloads torch {torch.__version__.split('+')[0]} removed were tolerated): "
+            f"first loss {i['torchax_losses'][0]:.6f} vs torch CPU eager "
+            f"{i['torch_losses'][0]:.6f} (rel. err {i['first_rel_err']:.1e}), "
+            f"step {len(i['torch_losses'])} rel. err {i['step5_rel_err']:.1e}"
+        )
+
+
 def print_compiled(batches, rounds: int, steps: int) -> None:
     """GPT step under torch.compile (tpu backend with Strict or Fused Eager around the
-    compiled model, and Inductor on the CPU) next to eager, in interleaved rounds."""
+    compiled model, and Inductor on the CPU) next to eager, in interleaved rounds; with
+    the torchax peer installed, its jitted step too (a child process, same rounds)."""
+    peer = TorchaxPeer.start()  # its startup overlaps the setup below, not the timing
     runs = {
         "torch CPU eager": ("strict", Trainer(GPT, batches, "cpu")),
         "torch.compile, Inductor (CPU)": ("strict", Trainer(GPT, batches, "cpu", "inductor")),
@@ -247,6 +317,8 @@ def print_compiled(batches, rounds: int, steps: int) -> None:
             Trainer(GPT, batches, "tpu", "tpu", flat=True),
         ),
     }
+    if peer is not None and peer.ready():
+        runs[f"torchax jitted step (jax {peer.info['jax']})"] = ("strict", peer)
     times: dict[str, list] = {name: [] for name in runs}
     t0 = time.perf_counter()
     for r in range(rounds):
@@ -265,6 +337,9 @@ def print_compiled(batches, rounds: int, steps: int) -> None:
         f"\n{rounds} rounds of {steps} steps each, medians; {time.perf_counter() - t0:.1f} s "
         f"including compilation; graph replays: {torchtpu.metrics()['graph_replays']}"
     )
+    if peer is not None and peer.info is not None:
+        peer.close()
+        print(peer.summary())
 
 
 # One process of the cold-start benchmark: a fresh compile cache, `model` trained in
