@@ -194,8 +194,9 @@ def main() -> None:
     times: list[float] = []
     for _ in range(args.rounds):
         times += trainer.run(args.steps)[0]
-    info["median_ms"] = statistics.median(times) * 1e3
-    info["steps"] = len(times)
+    if times:  # --rounds 0: warm-up only (e.g. to dump the step's HLO)
+        info["median_ms"] = statistics.median(times) * 1e3
+        info["steps"] = len(times)
     print(json.dumps(info))
 
 
