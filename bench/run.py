@@ -19,6 +19,8 @@ import torch
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 sys.path.insert(0, EXAMPLES)
+# Before torchtpu's import adds its XLA:CPU defaults: the torchax peer runs with the user's.
+_USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
 import torchtpu
 from models import GPT, MLP, copy_task_batch
 
@@ -232,8 +234,12 @@ class TorchaxPeer:
     device = "peer"
 
     def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        if _USER_XLA_FLAGS is not None:
+            env["XLA_FLAGS"] = _USER_XLA_FLAGS
         self.proc = subprocess.Popen(
             [sys.executable, PEER, "--serve"],
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
