@@ -235,6 +235,8 @@ class TorchaxPeer:
 
     def __init__(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        # stderr to a file (a full pipe would stall the child); it lives until close().
+        self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         if _USER_XLA_FLAGS is not None:
             env["XLA_FLAGS"] = _USER_XLA_FLAGS
         self.proc = subprocess.Popen(
@@ -242,7 +244,7 @@ class TorchaxPeer:
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.err,
             text=True,
         )
         self.info: dict | None = None
@@ -265,8 +267,9 @@ class TorchaxPeer:
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait()
-            err = self.proc.stderr.read().strip().splitlines()[-3:]
+            err = self._stderr().strip().splitlines()[-3:]
             print(f"torchax peer skipped: it exited with {self.proc.returncode}: {err}")
+            self.err.close()
             return False
         self.info = json.loads(line)
         return True
@@ -276,12 +279,17 @@ class TorchaxPeer:
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"torchax peer died: {self.proc.stderr.read()[-2000:]}")
+            raise RuntimeError(f"torchax peer died: {self._stderr()[-2000:]}")
         return [(t, t) for t in json.loads(line)["times"]]
+
+    def _stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read()
 
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+        self.err.close()
 
     def summary(self) -> str:
         i = self.info
