@@ -35,6 +35,13 @@ $(EXTRAS): pyproject.toml $(STAMP)
 	$(VPY) -m pip install -q torch==2.13.0 $(call extra,hf)
 	touch $(EXTRAS)
 
+# The torchax peer row of bench/run.py's GPT step table (the `peer` extra), kept out of
+# `setup` and `demo`; --no-deps so torch is never replaced.
+PEER := $(VENV)/.torchtpu-peer
+$(PEER): pyproject.toml $(STAMP)
+	$(VPY) -m pip install -q --no-deps $(call extra,peer)
+	touch $(PEER)
+
 build: setup
 	cmake --build $(BUILD) -j $(JOBS)
 
@@ -61,7 +68,7 @@ demo-pack: build
 	d=$$(mktemp -d) && TORCHTPU_CACHE_DIR=$$d TORCHTPU_CACHE_PACKS=$(DEMO_PACK) \
 	  $(VPY) -m torchtpu.cache run examples/train_gpt.py; rc=$$?; rm -rf $$d; exit $$rc
 
-bench: build
+bench: build $(PEER)
 	$(VPY) bench/run.py
 	$(VPY) bench/dist.py
 	$(VPY) bench/shapes.py

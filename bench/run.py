@@ -19,6 +19,8 @@ import torch
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
 sys.path.insert(0, EXAMPLES)
+# Before torchtpu's import adds its XLA:CPU defaults: the torchax peer runs with the user's.
+_USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
 import torchtpu
 from models import GPT, MLP, copy_task_batch
 
@@ -221,9 +223,91 @@ def print_cold_vs_warm(how: str = "eager") -> None:
         print(f"WARNING: the warm run compiled {warm['stats']['misses']} programs (expected 0)")
 
 
+PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchax_peer.py")
+
+
+class TorchaxPeer:
+    """bench/torchax_peer.py in a child process (two XLA runtimes never share a process),
+    serving timed GPT steps on request so that its rounds interleave with the other rows.
+    `run` matches Trainer.run; the child idles on its stdin between rounds."""
+
+    device = "peer"
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        # stderr to a file (a full pipe would stall the child); it lives until close().
+        self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        if _USER_XLA_FLAGS is not None:
+            env["XLA_FLAGS"] = _USER_XLA_FLAGS
+        self.proc = subprocess.Popen(
+            [sys.executable, PEER, "--serve"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+        )
+        self.info: dict | None = None
+
+    @staticmethod
+    def start() -> TorchaxPeer | None:
+        """The peer, or None with a line saying why it is skipped."""
+        import importlib.util
+
+        if not all(importlib.util.find_spec(m) for m in ("torchax", "optax", "jax")):
+            print(
+                "torchax peer skipped: torchax/optax/jax not installed "
+                "(`make bench` installs the `peer` extra of pyproject.toml)"
+            )
+            return None
+        return TorchaxPeer()
+
+    def ready(self) -> bool:
+        """Waits for the child's warm-up and correctness check."""
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            err = self._stderr().strip().splitlines()[-3:]
+            print(f"torchax peer skipped: it exited with {self.proc.returncode}: {err}")
+            self.err.close()
+            return False
+        self.info = json.loads(line)
+        return True
+
+    def run(self, steps: int) -> list[tuple[float, float]]:
+        self.proc.stdin.write(f"{steps}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"torchax peer died: {self._stderr()[-2000:]}")
+        return [(t, t) for t in json.loads(line)["times"]]
+
+    def _stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.err.close()
+
+    def summary(self) -> str:
+        i = self.info
+        return (
+            f"torchax {i['torchax']} on jax {i['jax']} (make_train_step, optax clip + AdamW, "
+            f"donated weights and state; {i['removed_overloads']} op-table entries naming "
+            f"overloads torch {torch.__version__.split('+')[0]} removed were tolerated): "
+            f"first loss {i['torchax_losses'][0]:.6f} vs torch CPU eager "
+            f"{i['torch_losses'][0]:.6f} (rel. err {i['first_rel_err']:.1e}), "
+            f"step {len(i['torch_losses'])} rel. err {i['step5_rel_err']:.1e}"
+        )
+
+
 def print_compiled(batches, rounds: int, steps: int) -> None:
     """GPT step under torch.compile (tpu backend with Strict or Fused Eager around the
-    compiled model, and Inductor on the CPU) next to eager, in interleaved rounds."""
+    compiled model, and Inductor on the CPU) next to eager, in interleaved rounds; with
+    the torchax peer installed, its jitted step too (a child process, same rounds)."""
+    peer = TorchaxPeer.start()  # its startup overlaps the setup below, not the timing
     runs = {
         "torch CPU eager": ("strict", Trainer(GPT, batches, "cpu")),
         "torch.compile, Inductor (CPU)": ("strict", Trainer(GPT, batches, "cpu", "inductor")),
@@ -247,6 +331,10 @@ def print_compiled(batches, rounds: int, steps: int) -> None:
             Trainer(GPT, batches, "tpu", "tpu", flat=True),
         ),
     }
+    peer_row = None
+    if peer is not None and peer.ready():
+        peer_row = f"torchax jitted step (jax {peer.info['jax']})"
+        runs[peer_row] = ("strict", peer)
     times: dict[str, list] = {name: [] for name in runs}
     t0 = time.perf_counter()
     for r in range(rounds):
@@ -257,14 +345,22 @@ def print_compiled(batches, rounds: int, steps: int) -> None:
                 times[name] += trainer.run(steps)
     med = {name: _medians(t)[0] for name, t in times.items()}
     cpu = med["torch CPU eager"]
-    print("\n| GPT training step (AdamW), interleaved rounds | ms | vs torch CPU eager |")
-    print("|---|---:|---:|")
+    # The peer is an XLA:CPU step too: a ratio to it moves less when other work on the
+    # machine slows torch's CPU threads (issue 21's target: at most 1.0x).
+    peer_t = med[peer_row] if peer_row else None
+    extra = " vs torchax |" if peer_t else ""
+    print(f"\n| GPT training step (AdamW), interleaved rounds | ms | vs torch CPU eager |{extra}")
+    print("|---|---:|---:|" + ("---:|" if peer_t else ""))
     for name, t in med.items():
-        print(f"| {name} | {t * 1e3:.2f} | {t / cpu:.2f}x |")
+        ratio = f" {t / peer_t:.2f}x |" if peer_t else ""
+        print(f"| {name} | {t * 1e3:.2f} | {t / cpu:.2f}x |{ratio}")
     print(
         f"\n{rounds} rounds of {steps} steps each, medians; {time.perf_counter() - t0:.1f} s "
         f"including compilation; graph replays: {torchtpu.metrics()['graph_replays']}"
     )
+    if peer is not None and peer.info is not None:
+        peer.close()
+        print(peer.summary())
 
 
 # One process of the cold-start benchmark: a fresh compile cache, `model` trained in
