@@ -65,18 +65,31 @@ def per_op_cost(rounds: int = 7, n: int = 5000) -> tuple[float, float]:
 class Trainer:
     """A model and its AdamW optimizer on one device; `run` times training steps
     (forward, backward, clip, step, loss.item()). With `backend`, the model runs under
-    torch.compile with that backend; with `flat`, torchtpu.optim.flatten(optimizer)."""
+    torch.compile with that backend; with `flat`, torchtpu.optim.flatten(optimizer); with
+    `compile_step`, clipping and the optimizer step run under torch.compile too (AdamW
+    capturable: its step counts live on the device)."""
 
     def __init__(
-        self, model_fn, batches, device: str, backend: str | None = None, flat: bool = False
+        self,
+        model_fn,
+        batches,
+        device: str,
+        backend: str | None = None,
+        flat: bool = False,
+        compile_step: bool = False,
     ) -> None:
         torch.manual_seed(0)
         self.model = model_fn().to(device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, capturable=compile_step)
         if flat:
             torchtpu.optim.flatten(self.opt)
         self.fwd = torch.compile(self.model, backend=backend) if backend else self.model
+        self.step = torch.compile(self._step, backend=backend) if compile_step else self._step
         self.batches, self.device, self.i = batches, device, 0
+
+    def _step(self) -> None:
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
 
     def run(self, steps: int) -> list[tuple[float, float]]:
         """(seconds per step, host seconds per step before the loss.item() sync)."""
@@ -91,8 +104,7 @@ class Trainer:
             else:
                 out = torch.nn.functional.cross_entropy(self.fwd(x), y)
             out.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.opt.step()
+            self.step()
             t1 = time.perf_counter()
             out.item()
             out_times.append((time.perf_counter() - t0, t1 - t0))
@@ -329,6 +341,14 @@ def print_compiled(batches, rounds: int, steps: int) -> None:
         'torch.compile(backend="tpu"), Fused around, optim.flatten': (
             "fused",
             Trainer(GPT, batches, "tpu", "tpu", flat=True),
+        ),
+        'torch.compile(backend="tpu") of the model and of clip + AdamW step, Strict around': (
+            "strict",
+            Trainer(GPT, batches, "tpu", "tpu", compile_step=True),
+        ),
+        'torch.compile(backend="tpu") of the model and of clip + AdamW step, Fused around': (
+            "fused",
+            Trainer(GPT, batches, "tpu", "tpu", compile_step=True),
         ),
     }
     peer_row = None

@@ -242,7 +242,7 @@ int64_t capture_end(at::TensorList args, at::TensorList outs) {
   return g_next;
 }
 
-std::vector<at::Tensor> replay_graph(int64_t handle, at::TensorList args) {
+std::optional<std::vector<at::Tensor>> replay_graph(int64_t handle, at::TensorList args) {
   std::shared_ptr<const Replay> r;
   {
     std::lock_guard<std::mutex> l(g_mu);
@@ -251,7 +251,7 @@ std::vector<at::Tensor> replay_graph(int64_t handle, at::TensorList args) {
     r = it->second;
   }
   auto st = storages_of(args);
-  if (!st || args.size() != r->args.size()) return {};
+  if (!st || args.size() != r->args.size()) return std::nullopt;
   // Values still recorded by Fused Eager run first (their buffers are read).
   for (DeviceStorage* s : *st)
     if (s->pending) {
@@ -262,13 +262,13 @@ std::vector<at::Tensor> replay_graph(int64_t handle, at::TensorList args) {
   seen.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     if ((*st)[i]->error) TORCH_CHECK(false, *(*st)[i]->error);
-    if (!matches(args[i], *(*st)[i], r->args[i], seen)) return {};
+    if (!matches(args[i], *(*st)[i], r->args[i], seen)) return std::nullopt;
     seen.push_back((*st)[i]);
   }
   const size_t n_in = r->in_arg.size();
   // A donated buffer must have no other holder (the program consumes it).
   for (size_t i = 0; i < n_in; ++i)
-    if (r->in_donated[i] && (*st)[r->in_arg[i]]->buffer.use_count() != 1) return {};
+    if (r->in_donated[i] && (*st)[r->in_arg[i]]->buffer.use_count() != 1) return std::nullopt;
   std::vector<pjrt::BufferPtr> inputs(n_in);
   for (size_t i = 0; i < n_in; ++i) {
     const int a = r->in_arg[i];
@@ -322,8 +322,11 @@ void release_graph(int64_t handle) {
 namespace {
 
 int64_t capture_end_op(at::TensorList args, at::TensorList outs) { return capture_end(args, outs); }
-std::vector<at::Tensor> replay_op(int64_t handle, at::TensorList args) {
-  return replay_graph(handle, args);
+// (false, []) when the layout differs: a graph may have no tensor outputs.
+std::tuple<bool, std::vector<at::Tensor>> replay_op(int64_t handle, at::TensorList args) {
+  auto outs = replay_graph(handle, args);
+  if (!outs) return {false, {}};
+  return {true, std::move(*outs)};
 }
 
 }  // namespace
@@ -331,7 +334,7 @@ std::vector<at::Tensor> replay_op(int64_t handle, at::TensorList args) {
 // Through the dispatcher, so Python hands tensors without torch's Python API.
 TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
   m.def("_graph_capture_end(Tensor[] args, Tensor[] outs) -> int", TORCH_FN(capture_end_op));
-  m.def("_graph_replay(int handle, Tensor[] args) -> Tensor[]", TORCH_FN(replay_op));
+  m.def("_graph_replay(int handle, Tensor[] args) -> (bool, Tensor[])", TORCH_FN(replay_op));
 }
 
 }  // namespace torchtpu::aten

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,8 @@ void capture_begin();
 // returns a handle for replay_graph (else 0).
 int64_t capture_end(at::TensorList args, at::TensorList outs);
 // The captured program on new arguments: the outputs in capture order, or
-// an empty list when the arguments differ in layout (then run the graph).
-std::vector<at::Tensor> replay_graph(int64_t handle, at::TensorList args);
+// nothing when the arguments differ in layout (then run the graph).
+std::optional<std::vector<at::Tensor>> replay_graph(int64_t handle, at::TensorList args);
 // Why this thread's last capture_end returned 0.
 const std::string& capture_refusal();
 // Ends this thread's capture without capturing (the caller saw why).

@@ -124,7 +124,8 @@ _SCALARS = (int, float, bool, type(None))
 
 def _capture_end(args: Sequence[Any], out: Any) -> int:
     """Ends a capture (which runs the graph's program); 0 when the graph takes or
-    returns what a replay cannot give: host tensors, nested outputs."""
+    returns what a replay cannot give: host tensors, nested outputs. A graph may
+    return no tensors (an optimizer step writes its arguments)."""
     ins = [a for a in args if isinstance(a, torch.Tensor)]
     outs = out if isinstance(out, (list, tuple)) else None
     ok = (
@@ -134,7 +135,6 @@ def _capture_end(args: Sequence[Any], out: Any) -> int:
             (isinstance(o, torch.Tensor) and o.device.type == "tpu") or isinstance(o, _SCALARS)
             for o in outs
         )
-        and any(isinstance(o, torch.Tensor) for o in outs)
     )
     if not ok:  # the caller's flush runs the graph
         _C.graph_capture_refuse("the graph takes a host tensor or returns other than tpu tensors")
@@ -165,8 +165,8 @@ class _Replays:
         if captured:
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             for handle, template, kind in captured:
-                outs = torch.ops.torchtpu._graph_replay(handle, tensors)
-                if outs:
+                ok, outs = torch.ops.torchtpu._graph_replay(handle, tensors)
+                if ok:
                     return kind(outs[v] if t else v for t, v in template)
         capture = self.enabled and key not in self.refused and len(captured) < self.LAYOUTS
         out, handle = _run_fused(gm, args, capture)

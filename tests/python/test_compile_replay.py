@@ -137,3 +137,44 @@ def test_random_numbers_are_fresh_on_every_replay():
     finally:
         del os.environ["TORCHTPU_GRAPH_REPLAY"]
     assert all(torch.equal(a, b) for a, b in zip(outs, ref))
+
+
+def _train_compiled_step(steps: int) -> tuple[list[float], list[torch.Tensor]]:
+    """The MLP with its clip + AdamW step under torch.compile (capturable: the step
+    counts live on the device), as PyTorch suggests for optimizer steps."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    model = MLP().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+
+    @torch.compile(backend="tpu")
+    def step():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    x = torch.randn(16, 32, generator=gen).to("tpu")
+    y = torch.randint(0, 10, (16,), generator=gen).to("tpu")
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_a_graph_without_tensor_outputs_replays(monkeypatch):
+    """An optimizer step returns nothing and writes its arguments: it was refused
+    (no tensor output to tell a replay from a layout mismatch)."""
+    monkeypatch.setenv("TORCHTPU_GRAPH_REPLAY", "0")
+    off, p_off = _train_compiled_step(5)
+    monkeypatch.delenv("TORCHTPU_GRAPH_REPLAY")
+    torch._dynamo.reset()
+    before, _ = _counts()
+    on, p_on = _train_compiled_step(5)
+    assert _counts()[0] - before >= 4  # every step after the first replays
+    assert not [e for e in torchtpu.compile_report() if e["event"] == "no_replay"]
+    assert on == off
+    for a, b in zip(p_on, p_off):
+        assert torch.equal(a, b)
