@@ -383,6 +383,61 @@ def print_compiled(batches, rounds: int, steps: int) -> None:
         print(peer.summary())
 
 
+def print_compiled_small(batches_of: dict, rounds: int, steps: int) -> None:
+    """The MLP and the MobileNet-style CNN: eager and compiled rows in interleaved rounds
+    (issue 21 asks for them next to the GPT)."""
+    for name, (model_fn, batches) in batches_of.items():
+        runs = {
+            "torch CPU eager": ("strict", Trainer(model_fn, batches, "cpu")),
+            "torch.compile, Inductor (CPU)": (
+                "strict",
+                Trainer(model_fn, batches, "cpu", "inductor"),
+            ),
+            "tpu Strict Eager": ("strict", Trainer(model_fn, batches, "tpu")),
+            "tpu Fused Eager": ("fused", Trainer(model_fn, batches, "tpu")),
+            'torch.compile(backend="tpu"), Fused around': (
+                "fused",
+                Trainer(model_fn, batches, "tpu", "tpu"),
+            ),
+            'torch.compile(backend="tpu") of the model and of clip + AdamW step, Strict around': (
+                "strict",
+                Trainer(model_fn, batches, "tpu", "tpu", compile_step=True),
+            ),
+            'torch.compile(backend="tpu") of the model and of clip + AdamW step, Fused around': (
+                "fused",
+                Trainer(model_fn, batches, "tpu", "tpu", compile_step=True),
+            ),
+        }
+        times: dict[str, list] = {row: [] for row in runs}
+        for r in range(rounds):
+            for row, (mode, trainer) in runs.items():
+                with torchtpu.eager_mode(mode):
+                    trainer.run(3 if r == 0 else 1)
+                    settle(trainer.device)
+                    times[row] += trainer.run(steps)
+        med = {row: _medians(t)[0] for row, t in times.items()}
+        cpu = med["torch CPU eager"]
+        print(f"\n| {name} training step (AdamW), interleaved rounds | ms | vs torch CPU eager |")
+        print("|---|---:|---:|")
+        for row, t in med.items():
+            print(f"| {row} | {t * 1e3:.2f} | {t / cpu:.2f}x |")
+
+
+def small_models(gen: torch.Generator) -> dict:
+    """The MLP's and the CNN's models and batches (as the eager tables use)."""
+    from models import MobileCNN
+
+    mlp = [
+        (torch.randn(64, 32, generator=gen), torch.randint(0, 10, (64,), generator=gen))
+        for _ in range(4)
+    ]
+    cnn = [
+        (torch.randn(8, 3, 64, 64, generator=gen), torch.randint(0, 10, (8,), generator=gen))
+        for _ in range(4)
+    ]
+    return {"MLP": (MLP, mlp), "MobileNet-style CNN": (MobileCNN, cnn)}
+
+
 # One process of the cold-start benchmark: a fresh compile cache, `model` trained in
 # `mode` for 4 steps (the first timed alone), then, once the background compiles
 # are done, 4 more.
@@ -471,6 +526,7 @@ def main() -> None:
     if args.compiled_only:
         gen = torch.Generator().manual_seed(0)
         print_compiled([copy_task_batch(gen, 8, 32, 64) for _ in range(4)], args.rounds, args.steps)
+        print_compiled_small(small_models(gen), args.rounds, args.steps)
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -519,6 +575,7 @@ def main() -> None:
             f"| {f / c:.2f}x | {sh * 1e3:.2f} | {fh * 1e3:.2f} | {per:.0f} |"
         )
     print_compiled(gpt_batches, args.rounds, args.steps)
+    print_compiled_small(small_models(gen), args.rounds, args.steps)
     print(
         f"\ncompiles: {m['compiles']}, cache hits: {m['cache_hits']}, "
         f"compile seconds: {m['compile_seconds']:.1f}, fused graphs: {m['fused_graphs']} "

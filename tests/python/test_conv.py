@@ -61,6 +61,27 @@ CONV = {
         lambda x, w: F.conv2d(x, w, padding=1, stride=2, groups=4),
         [(2, 4, 7, 7), (8, 1, 3, 3)],
     ),
+    # One filter per channel: lowered as a sum over the kernel taps (conv.cpp).
+    "conv2d_depthwise_one_filter": (
+        lambda x, w, b: F.conv2d(x, w, b, padding=1, stride=2, groups=4),
+        [(2, 4, 7, 7), (4, 1, 3, 3), (4,)],
+    ),
+    "conv2d_depthwise_asym_dil": (
+        lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=(2, 0), dilation=(2, 1), groups=3),
+        [(2, 3, 9, 8), (3, 1, 3, 2)],
+    ),
+    "conv2d_depthwise_same_even": (
+        lambda x, w: F.conv2d(x, w, padding="same", groups=3),
+        [(1, 3, 6, 5), (3, 1, 2, 4)],
+    ),
+    "conv1d_depthwise_unused_tail": (
+        lambda x, w: F.conv1d(x, w, stride=3, groups=5),
+        [(2, 5, 10), (5, 1, 3)],
+    ),
+    "conv3d_depthwise": (
+        lambda x, w: F.conv3d(x, w, padding=1, stride=(1, 2, 1), groups=2),
+        [(1, 2, 4, 5, 4), (2, 1, 3, 3, 3)],
+    ),
     "conv2d_groups_stride_dil": (
         lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=3),
         [(1, 6, 9, 8), (3, 2, 2, 3)],
