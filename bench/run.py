@@ -315,55 +315,64 @@ class TorchaxPeer:
         )
 
 
+COMPILED = 'torch.compile(backend="tpu")'
+STEP_TOO = f"{COMPILED} of the model and of clip + AdamW step"
+
+
+def training_rows(model_fn, batches, all_rows: bool) -> dict:
+    """Row name -> (eager mode around it, Trainer): eager and compiled training steps;
+    `all_rows` adds the Strict-around and optim.flatten variants."""
+    rows = {
+        "torch CPU eager": ("strict", Trainer(model_fn, batches, "cpu")),
+        "torch.compile, Inductor (CPU)": ("strict", Trainer(model_fn, batches, "cpu", "inductor")),
+        "tpu Strict Eager": ("strict", Trainer(model_fn, batches, "tpu")),
+        "tpu Fused Eager": ("fused", Trainer(model_fn, batches, "tpu")),
+    }
+    if all_rows:
+        rows[f"{COMPILED}, Strict around"] = ("strict", Trainer(model_fn, batches, "tpu", "tpu"))
+    rows[f"{COMPILED}, Fused around"] = ("fused", Trainer(model_fn, batches, "tpu", "tpu"))
+    if all_rows:
+        rows["tpu Fused Eager, optim.flatten"] = (
+            "fused",
+            Trainer(model_fn, batches, "tpu", flat=True),
+        )
+        for mode in ("strict", "fused"):
+            rows[f"{COMPILED}, {mode.capitalize()} around, optim.flatten"] = (
+                mode,
+                Trainer(model_fn, batches, "tpu", "tpu", flat=True),
+            )
+    for mode in ("strict", "fused"):
+        rows[f"{STEP_TOO}, {mode.capitalize()} around"] = (
+            mode,
+            Trainer(model_fn, batches, "tpu", "tpu", compile_step=True),
+        )
+    return rows
+
+
+def interleaved(rows: dict, rounds: int, steps: int) -> dict:
+    """Median seconds per step of every row, timed in interleaved rounds."""
+    times: dict[str, list] = {name: [] for name in rows}
+    for r in range(rounds):
+        for name, (mode, trainer) in rows.items():
+            with torchtpu.eager_mode(mode):
+                trainer.run(3 if r == 0 else 1)  # warm-up (compiles); a mode switch flushes
+                settle(trainer.device)
+                times[name] += trainer.run(steps)
+    return {name: _medians(t)[0] for name, t in times.items()}
+
+
 def print_compiled(batches, rounds: int, steps: int) -> None:
     """GPT step under torch.compile (tpu backend with Strict or Fused Eager around the
     compiled model, and Inductor on the CPU) next to eager, in interleaved rounds; with
     the torchax peer installed, its jitted step too (a child process, same rounds)."""
     peer = TorchaxPeer.start()  # its startup overlaps the setup below, not the timing
-    runs = {
-        "torch CPU eager": ("strict", Trainer(GPT, batches, "cpu")),
-        "torch.compile, Inductor (CPU)": ("strict", Trainer(GPT, batches, "cpu", "inductor")),
-        "tpu Strict Eager": ("strict", Trainer(GPT, batches, "tpu")),
-        "tpu Fused Eager": ("fused", Trainer(GPT, batches, "tpu")),
-        'torch.compile(backend="tpu"), Strict around': (
-            "strict",
-            Trainer(GPT, batches, "tpu", "tpu"),
-        ),
-        'torch.compile(backend="tpu"), Fused around': (
-            "fused",
-            Trainer(GPT, batches, "tpu", "tpu"),
-        ),
-        "tpu Fused Eager, optim.flatten": ("fused", Trainer(GPT, batches, "tpu", flat=True)),
-        'torch.compile(backend="tpu"), Strict around, optim.flatten': (
-            "strict",
-            Trainer(GPT, batches, "tpu", "tpu", flat=True),
-        ),
-        'torch.compile(backend="tpu"), Fused around, optim.flatten': (
-            "fused",
-            Trainer(GPT, batches, "tpu", "tpu", flat=True),
-        ),
-        'torch.compile(backend="tpu") of the model and of clip + AdamW step, Strict around': (
-            "strict",
-            Trainer(GPT, batches, "tpu", "tpu", compile_step=True),
-        ),
-        'torch.compile(backend="tpu") of the model and of clip + AdamW step, Fused around': (
-            "fused",
-            Trainer(GPT, batches, "tpu", "tpu", compile_step=True),
-        ),
-    }
+    runs = training_rows(GPT, batches, all_rows=True)
     peer_row = None
     if peer is not None and peer.ready():
         peer_row = f"torchax jitted step (jax {peer.info['jax']})"
         runs[peer_row] = ("strict", peer)
-    times: dict[str, list] = {name: [] for name in runs}
     t0 = time.perf_counter()
-    for r in range(rounds):
-        for name, (mode, trainer) in runs.items():
-            with torchtpu.eager_mode(mode):
-                trainer.run(3 if r == 0 else 1)  # warm-up (compiles); a mode switch flushes
-                settle(trainer.device)
-                times[name] += trainer.run(steps)
-    med = {name: _medians(t)[0] for name, t in times.items()}
+    med = interleaved(runs, rounds, steps)
     cpu = med["torch CPU eager"]
     # The peer is an XLA:CPU step too: a ratio to it moves less when other work on the
     # machine slows torch's CPU threads (issue 21's target: at most 1.0x).
@@ -387,40 +396,52 @@ def print_compiled_small(batches_of: dict, rounds: int, steps: int) -> None:
     """The MLP and the MobileNet-style CNN: eager and compiled rows in interleaved rounds
     (issue 21 asks for them next to the GPT)."""
     for name, (model_fn, batches) in batches_of.items():
-        runs = {
-            "torch CPU eager": ("strict", Trainer(model_fn, batches, "cpu")),
-            "torch.compile, Inductor (CPU)": (
-                "strict",
-                Trainer(model_fn, batches, "cpu", "inductor"),
-            ),
-            "tpu Strict Eager": ("strict", Trainer(model_fn, batches, "tpu")),
-            "tpu Fused Eager": ("fused", Trainer(model_fn, batches, "tpu")),
-            'torch.compile(backend="tpu"), Fused around': (
-                "fused",
-                Trainer(model_fn, batches, "tpu", "tpu"),
-            ),
-            'torch.compile(backend="tpu") of the model and of clip + AdamW step, Strict around': (
-                "strict",
-                Trainer(model_fn, batches, "tpu", "tpu", compile_step=True),
-            ),
-            'torch.compile(backend="tpu") of the model and of clip + AdamW step, Fused around': (
-                "fused",
-                Trainer(model_fn, batches, "tpu", "tpu", compile_step=True),
-            ),
-        }
-        times: dict[str, list] = {row: [] for row in runs}
-        for r in range(rounds):
-            for row, (mode, trainer) in runs.items():
-                with torchtpu.eager_mode(mode):
-                    trainer.run(3 if r == 0 else 1)
-                    settle(trainer.device)
-                    times[row] += trainer.run(steps)
-        med = {row: _medians(t)[0] for row, t in times.items()}
+        med = interleaved(training_rows(model_fn, batches, all_rows=False), rounds, steps)
         cpu = med["torch CPU eager"]
         print(f"\n| {name} training step (AdamW), interleaved rounds | ms | vs torch CPU eager |")
         print("|---|---:|---:|")
         for row, t in med.items():
             print(f"| {row} | {t * 1e3:.2f} | {t / cpu:.2f}x |")
+
+
+def depthwise_us(c: int, h: int, stride: int, device: str, n: int = 50) -> tuple[float, float]:
+    """(forward, forward + backward) µs per call of a 3x3 depthwise conv on [8, c, h, h]
+    (MobileNet's blocks), synchronized at the end of the n calls."""
+    import torch.nn.functional as F
+
+    x = torch.randn(8, c, h, h, device=device, requires_grad=True)
+    w = torch.randn(c, 1, 3, 3, device=device, requires_grad=True)
+
+    def fwd():
+        return F.conv2d(x, w, None, stride, 1, 1, c)
+
+    g = torch.randn_like(fwd())
+
+    def both():
+        gx, gw = torch.autograd.grad(fwd(), (x, w), g)
+        return gx.sum() + gw.sum()
+
+    out = []
+    for f in (fwd, both):
+        for _ in range(5):
+            f()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            r = f()
+        r.cpu()
+        out.append((time.perf_counter() - t0) / n * 1e6)
+    return out[0], out[1]
+
+
+def print_depthwise() -> None:
+    print(
+        "\n| 3x3 depthwise conv, [8, C, H, H], Strict | CPU fwd µs | tpu fwd µs | CPU fwd+bwd µs "
+        "| tpu fwd+bwd µs |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for c, h, s in ((16, 32, 2), (24, 16, 2), (40, 8, 1), (48, 8, 2)):
+        (cf, cb), (tf, tb) = depthwise_us(c, h, s, "cpu"), depthwise_us(c, h, s, "tpu")
+        print(f"| C={c}, H={h}, stride {s} | {cf:.0f} | {tf:.0f} | {cb:.0f} | {tb:.0f} |")
 
 
 def small_models(gen: torch.Generator) -> dict:
@@ -514,7 +535,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds per eager mode")
     ap.add_argument("--cache-only", action="store_true", help="only the cold/warm cache runs")
     ap.add_argument("--cold-only", action="store_true", help="only the cold-start runs")
-    ap.add_argument("--compiled-only", action="store_true", help="only the GPT step table")
+    ap.add_argument(
+        "--compiled-only", action="store_true", help="only the compiled training step tables"
+    )
+    ap.add_argument("--depthwise-only", action="store_true", help="only the depthwise conv table")
     args = ap.parse_args()
     if args.cache_only:
         print_cold_vs_warm()
@@ -527,6 +551,9 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
         print_compiled([copy_task_batch(gen, 8, 32, 64) for _ in range(4)], args.rounds, args.steps)
         print_compiled_small(small_models(gen), args.rounds, args.steps)
+        return
+    if args.depthwise_only:
+        print_depthwise()
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -576,6 +603,7 @@ def main() -> None:
         )
     print_compiled(gpt_batches, args.rounds, args.steps)
     print_compiled_small(small_models(gen), args.rounds, args.steps)
+    print_depthwise()
     print(
         f"\ncompiles: {m['compiles']}, cache hits: {m['cache_hits']}, "
         f"compile seconds: {m['compile_seconds']:.1f}, fused graphs: {m['fused_graphs']} "
