@@ -25,12 +25,22 @@ def _counts() -> tuple[int, int]:
     return m["graph_replays"], m["fused_ops"]
 
 
-def _train_mlp(steps: int) -> list[float]:
+def _train_mlp(steps: int, step_compiled: bool = False) -> tuple[list[float], list[torch.Tensor]]:
+    """Losses and final parameters of the MLP trained with its forward compiled, or
+    (`step_compiled`) with its clip + AdamW step compiled instead: capturable, so the
+    step counts live on the device, as PyTorch suggests for compiled optimizer steps."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = MLP().to("tpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    fwd = torch.compile(model, backend="tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=step_compiled)
+    fwd = model if step_compiled else torch.compile(model, backend="tpu")
+
+    def step():
+        if step_compiled:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    step = torch.compile(step, backend="tpu") if step_compiled else step
     x = torch.randn(16, 32, generator=gen).to("tpu")
     y = torch.randint(0, 10, (16,), generator=gen).to("tpu")
     losses = []
@@ -38,19 +48,19 @@ def _train_mlp(steps: int) -> list[float]:
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(fwd(x), y)
         loss.backward()
-        opt.step()
+        step()
         losses.append(loss.item())
-    return losses
+    return losses, [p.detach().cpu() for p in model.parameters()]
 
 
 def test_training_replays_forward_and_backward(monkeypatch):
     monkeypatch.setenv("TORCHTPU_GRAPH_REPLAY", "0")
     before, _ = _counts()
-    off = _train_mlp(6)
+    off, _ = _train_mlp(6)
     assert _counts()[0] == before
     monkeypatch.delenv("TORCHTPU_GRAPH_REPLAY")
     torch._dynamo.reset()
-    on = _train_mlp(6)
+    on, _ = _train_mlp(6)
     # Every step but the first (which captures) launches the forward's and the
     # backward's programs directly.
     assert _counts()[0] - before == 2 * 5
@@ -139,41 +149,16 @@ def test_random_numbers_are_fresh_on_every_replay():
     assert all(torch.equal(a, b) for a, b in zip(outs, ref))
 
 
-def _train_compiled_step(steps: int) -> tuple[list[float], list[torch.Tensor]]:
-    """The MLP with its clip + AdamW step under torch.compile (capturable: the step
-    counts live on the device), as PyTorch suggests for optimizer steps."""
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(0)
-    model = MLP().to("tpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
-
-    @torch.compile(backend="tpu")
-    def step():
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    x = torch.randn(16, 32, generator=gen).to("tpu")
-    y = torch.randint(0, 10, (16,), generator=gen).to("tpu")
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        step()
-        losses.append(loss.item())
-    return losses, [p.detach().cpu() for p in model.parameters()]
-
-
 def test_a_graph_without_tensor_outputs_replays(monkeypatch):
     """An optimizer step returns nothing and writes its arguments: it was refused
     (no tensor output to tell a replay from a layout mismatch)."""
     monkeypatch.setenv("TORCHTPU_GRAPH_REPLAY", "0")
-    off, p_off = _train_compiled_step(5)
+    off, p_off = _train_mlp(5, step_compiled=True)
     monkeypatch.delenv("TORCHTPU_GRAPH_REPLAY")
     torch._dynamo.reset()
     torchtpu.compile_report(clear=True)  # earlier tests' events stay in it otherwise
     before, _ = _counts()
-    on, p_on = _train_compiled_step(5)
+    on, p_on = _train_mlp(5, step_compiled=True)
     assert _counts()[0] - before >= 4  # every step after the first replays
     assert not [e for e in torchtpu.compile_report() if e["event"] == "no_replay"]
     assert on == off
