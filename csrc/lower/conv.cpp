@@ -103,19 +103,34 @@ Value conv_grad_weight(Builder& b, Value x, Value dy, const ConvArgs& a, const S
   return swap01(b, gw);
 }
 
-// Depthwise convolutions (one filter per channel: groups == channels, weight
-// [C, 1, k...]) run as a sum over the kernel taps of strided input slices
-// times per-channel weights. XLA:CPU runs grouped convolutions as generic
-// loops (MobileNet's 3x3 ones took 10-14x torch's kernel); the tap sums fuse
-// into elementwise loops, and so do both gradients.
+// Depthwise convolutions (groups == channels, weight [C * m, 1, k...]: m
+// filters per channel) run as a sum over the kernel taps of strided input
+// slices times per-channel weights, on the input with each channel repeated
+// m times. XLA:CPU runs grouped convolutions as generic loops (MobileNet's
+// 3x3 ones took 10-14x torch's kernel); the tap sums fuse into elementwise
+// loops, and so do both gradients.
 constexpr int64_t kMaxTaps = 49;
 
 bool depthwise(const Value& x, const Value& w, const ConvArgs& a) {
   const Shape& ws = w.shape();
   int64_t taps = 1;
   for (size_t i = 2; i < ws.size(); ++i) taps *= ws[i];
-  return x.rank() >= 3 && a.groups > 1 && a.groups == x.shape()[1] && ws[0] == a.groups &&
+  return x.rank() >= 3 && a.groups > 1 && a.groups == x.shape()[1] && ws[0] % a.groups == 0 &&
          ws[1] == 1 && taps <= kMaxTaps;
+}
+
+// [N, C, S...] with each channel repeated m times: [N, C * m, S...].
+Value repeat_channels(Builder& b, Value x, int64_t m) {
+  if (m == 1) return x;
+  const Shape& s = x.shape();
+  Shape wide{s[0], s[1], m}, to{s[0], s[1] * m};
+  std::vector<int64_t> dims{0, 1};
+  for (size_t i = 2; i < s.size(); ++i) {
+    wide.push_back(s[i]);
+    to.push_back(s[i]);
+    dims.push_back(int64_t(i) + 1);
+  }
+  return b.reshape(b.broadcast_in_dim(x, wide, dims), to);
 }
 
 // Every tap's kernel offsets, row-major over the kernel dims.
@@ -176,6 +191,7 @@ Value tap_weight(Builder& b, Value w, const Shape& t) {
 
 Value depthwise_conv(Builder& b, Value x, Value w, const ConvArgs& a, const Shape& out) {
   const Shape k = spatial(w);
+  x = repeat_channels(b, x, w.shape()[0] / x.shape()[1]);
   Value xp = pad_to(b, x, a, window_span(out, k, a));
   std::optional<Ex> y;
   for (const Shape& t : kernel_taps(k)) {
@@ -186,8 +202,10 @@ Value depthwise_conv(Builder& b, Value x, Value w, const ConvArgs& a, const Shap
 }
 
 // The adjoint: each tap's gy * w lands back on its window (interior padding
-// undoes the stride), summed in padded coordinates, then the padding dropped.
-Value depthwise_grad_input(Builder& b, Value gy, Value w, const ConvArgs& a, const Shape& in) {
+// undoes the stride), summed in padded coordinates, then the padding dropped
+// and a channel's m repeats summed. `x`: the input's shape [N, C, in...].
+Value depthwise_grad_input(Builder& b, Value gy, Value w, const ConvArgs& a, const Shape& x) {
+  const Shape in(x.begin() + 2, x.end());
   const Shape out = spatial(gy), k = spatial(w), need = window_span(out, k, a);
   Shape len;
   for (size_t i = 0; i < in.size(); ++i) len.push_back(std::max(need[i], a.pad[i] + in[i]));
@@ -210,12 +228,18 @@ Value depthwise_grad_input(Builder& b, Value gy, Value w, const ConvArgs& a, con
     start.push_back(a.pad[i]);
     limit.push_back(a.pad[i] + in[i]);
   }
-  return b.slice(*sum, start, limit, strides);
+  Value g = b.slice(*sum, start, limit, strides);
+  const int64_t m = w.shape()[0] / x[1];
+  if (m == 1) return g;
+  Shape split{x[0], x[1], m};
+  split.insert(split.end(), in.begin(), in.end());
+  return reduce_sum(b, b.reshape(g, split), {2}, false);
 }
 
 // Per tap, the sum over batch and space of gy times the tap's window: [C, 1, k...].
 Value depthwise_grad_weight(Builder& b, Value x, Value gy, const ConvArgs& a, const Shape& k) {
   const Shape out = spatial(gy);
+  x = repeat_channels(b, x, gy.shape()[1] / x.shape()[1]);
   Value xp = pad_to(b, x, a, window_span(out, k, a));
   std::vector<Value> per_tap;
   for (const Shape& t : kernel_taps(k)) {
@@ -265,7 +289,7 @@ TPU_LOWERING(conv_convolution) {
     if (!mask.get(0)) {
       out.push_back(b.splat(0, c.out(0)));
     } else if (dw) {
-      out.push_back(depthwise_grad_input(b, gy, w, a, spatial(x)));
+      out.push_back(depthwise_grad_input(b, gy, w, a, x.shape()));
     } else if (!transposed) {
       out.push_back(conv_transposed(b, gy, w, a, spatial(x)));
     } else {

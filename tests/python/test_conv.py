@@ -78,6 +78,10 @@ CONV = {
         lambda x, w: F.conv1d(x, w, stride=3, groups=5),
         [(2, 5, 10), (5, 1, 3)],
     ),
+    "conv1d_depthwise_three_filters": (
+        lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1, dilation=2, groups=3),
+        [(2, 3, 11), (9, 1, 3), (9,)],
+    ),
     "conv3d_depthwise": (
         lambda x, w: F.conv3d(x, w, padding=1, stride=(1, 2, 1), groups=2),
         [(1, 2, 4, 5, 4), (2, 1, 3, 3, 3)],
