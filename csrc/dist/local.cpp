@@ -370,8 +370,7 @@ class TpuLocal final : public c10d::Backend {
         kind, reduce_name(opts.reduceOp), inputs[0], cat(inputs[0], {output}),
         program("reduce_scatter", red, output, {size_, output.numel()}),
         [&](const Bufs& out) {
-          assign(output, out[0]);
-          average(opts.reduceOp, output);
+          reduced(output, out[0], opts.reduceOp);
           return Tensors{output};
         },
         problem, scaled(opts.reduceOp, {flat.defined() ? flat : output}));

@@ -148,11 +148,14 @@ std::vector<Shape> kernel_taps(const Shape& k) {
   return taps;
 }
 
+// The input extent one tap's window of `out` outputs covers at `stride`.
+int64_t tap_extent(int64_t out, int64_t stride) { return out == 0 ? 0 : (out - 1) * stride + 1; }
+
 // Padded input length per spatial dim that every tap's window of `out` reads.
 Shape window_span(const Shape& out, const Shape& k, const ConvArgs& a) {
   Shape need;
   for (size_t i = 0; i < out.size(); ++i)
-    need.push_back(out[i] == 0 ? 0 : (out[i] - 1) * a.stride[i] + (k[i] - 1) * a.dil[i] + 1);
+    need.push_back(out[i] == 0 ? 0 : tap_extent(out[i], a.stride[i]) + (k[i] - 1) * a.dil[i]);
   return need;
 }
 
@@ -172,7 +175,7 @@ Value tap_window(Builder& b, Value xp, const Shape& t, const ConvArgs& a, const 
   Shape start{0, 0}, limit{xp.shape()[0], xp.shape()[1]}, strides{1, 1};
   for (size_t i = 0; i < t.size(); ++i) {
     start.push_back(t[i] * a.dil[i]);
-    limit.push_back(start.back() + (out[i] == 0 ? 0 : (out[i] - 1) * a.stride[i] + 1));
+    limit.push_back(start.back() + tap_extent(out[i], a.stride[i]));
     strides.push_back(a.stride[i]);
   }
   return b.slice(xp, start, limit, strides);
@@ -189,10 +192,17 @@ Value tap_weight(Builder& b, Value w, const Shape& t) {
   return b.reshape(b.slice(w, start, limit, strides), to);
 }
 
+// The input as the taps read it: channels repeated to `channels`, padded to
+// the span of the windows of `out` (the forward's and grad_weight's input).
+Value tap_input(Builder& b, Value x, int64_t channels, const ConvArgs& a, const Shape& out,
+                const Shape& k) {
+  x = repeat_channels(b, x, channels / x.shape()[1]);
+  return pad_to(b, x, a, window_span(out, k, a));
+}
+
 Value depthwise_conv(Builder& b, Value x, Value w, const ConvArgs& a, const Shape& out) {
   const Shape k = spatial(w);
-  x = repeat_channels(b, x, w.shape()[0] / x.shape()[1]);
-  Value xp = pad_to(b, x, a, window_span(out, k, a));
+  Value xp = tap_input(b, x, w.shape()[0], a, out, k);
   std::optional<Ex> y;
   for (const Shape& t : kernel_taps(k)) {
     Ex term = Ex(b, tap_window(b, xp, t, a, out)) * Ex(b, tap_weight(b, w, t));
@@ -214,9 +224,8 @@ Value depthwise_grad_input(Builder& b, Value gy, Value w, const ConvArgs& a, con
     Shape lo{0, 0}, hi{0, 0}, interior{0, 0};
     for (size_t i = 0; i < t.size(); ++i) {
       const int64_t first = t[i] * a.dil[i];
-      const int64_t span = out[i] == 0 ? 0 : (out[i] - 1) * a.stride[i] + 1;
       lo.push_back(first);
-      hi.push_back(len[i] - first - span);
+      hi.push_back(len[i] - first - tap_extent(out[i], a.stride[i]));
       interior.push_back(out[i] == 0 ? 0 : a.stride[i] - 1);
     }
     Value term = Ex(b, gy) * Ex(b, tap_weight(b, w, t));
@@ -239,8 +248,7 @@ Value depthwise_grad_input(Builder& b, Value gy, Value w, const ConvArgs& a, con
 // Per tap, the sum over batch and space of gy times the tap's window: [C, 1, k...].
 Value depthwise_grad_weight(Builder& b, Value x, Value gy, const ConvArgs& a, const Shape& k) {
   const Shape out = spatial(gy);
-  x = repeat_channels(b, x, gy.shape()[1] / x.shape()[1]);
-  Value xp = pad_to(b, x, a, window_span(out, k, a));
+  Value xp = tap_input(b, x, gy.shape()[1], a, out, k);
   std::vector<Value> per_tap;
   for (const Shape& t : kernel_taps(k)) {
     Value prod = Ex(b, tap_window(b, xp, t, a, out)) * Ex(b, gy);
