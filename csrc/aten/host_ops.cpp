@@ -57,8 +57,10 @@ void sig_tensor(std::string& s, const at::Tensor& t) {
   s.push_back(t.device().is_privateuseone() ? 'T' : 'H');
 }
 
-// The call without its sizes, strides, offsets and values.
-std::string signature(const OpInfo& info, const torch::jit::Stack& stack, size_t first, size_t n) {
+}  // namespace
+
+std::string call_signature(const OpInfo& info, const torch::jit::Stack& stack, size_t first,
+                           size_t n) {
   std::string s = info.name;
   s.push_back('|');
   for (size_t i = 0; i < n; ++i) {
@@ -79,6 +81,8 @@ std::string signature(const OpInfo& info, const torch::jit::Stack& stack, size_t
   }
   return s;
 }
+
+namespace {
 
 // Calls f on each tensor of an argument or return: a Tensor, the elements
 // of a Tensor[] and the present elements of a Tensor?[].
@@ -224,7 +228,7 @@ bool run_on_host_if_churning(const c10::OperatorHandle& op, const OpInfo& info,
                              torch::jit::Stack* stack, size_t first, size_t n,
                              const std::vector<DeviceStorage*>& storages, const std::string& key) {
   if (churn_limit() <= 0 || !eligible(*stack, first, n, storages)) return false;
-  if (!shape_churn(signature(info, *stack, first, n), key)) return false;
+  if (!shape_churn(call_signature(info, *stack, first, n), key)) return false;
   run_on_host(op, info, stack, first, n, storages[0]->device);
   return true;
 }

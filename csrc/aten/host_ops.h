@@ -20,6 +20,10 @@
 
 namespace torchtpu::aten {
 
+// A call without its sizes, strides, offsets and values: the op and each
+// argument's kind, dtype, rank and device.
+std::string call_signature(const OpInfo& info, const torch::jit::Stack& stack, size_t first,
+                           size_t n);
 // Called where a runner would compile a new program for this call (its
 // out= tensors already sized). Runs the call on the host and returns true
 // when the call qualifies; else counts the new shape and returns false.

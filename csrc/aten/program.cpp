@@ -157,6 +157,11 @@ void check_same_device(const std::string& name, const std::vector<DeviceStorage*
 
 }  // namespace
 
+void key_value(std::string& k, const c10::IValue& v, bool scalar,
+               std::vector<DeviceStorage*>& slots) {
+  key_ivalue(k, v, scalar, slots);
+}
+
 int slot_index(std::vector<DeviceStorage*>& storages, DeviceStorage* s) {
   for (size_t i = 0; i < storages.size(); ++i)
     if (storages[i] == s) return static_cast<int>(i);

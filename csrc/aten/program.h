@@ -35,10 +35,11 @@ struct InputSource {
 // tensor (Python numbers reach ops as such "wrapped numbers"). Scalars travel
 // packed, one rank-1 buffer per dtype (hlo::Builder::packed_scalar).
 struct ScalarSource {
-  int node;     // call within the program
-  int index;    // argument index
-  int sub;      // element of a Tensor[] or Scalar[] argument, -1 otherwise
-  DType dtype;  // the pack: F64, I64 or Bool
+  int node;            // call within the program
+  int index;           // argument index
+  int sub;             // element of a Tensor[] or Scalar[] argument, -1 otherwise
+  DType dtype;         // the pack: F64, I64 or Bool
+  bool extra = false;  // a runner-computed value (bucketed calls' geometry), number `sub`
 };
 
 // One output of a single-call program.
@@ -179,9 +180,10 @@ class CallCtx final : public lower::Ctx {
 
   void write(const at::Tensor& t, hlo::Value v) { p_.write(slot_of_(t), t, v, *info_.spec); }
   int64_t rng_numel() const { return rng_numel_; }
+  // Tensor t (argument i, element sub of a list) as the program reads it.
+  hlo::Value load(const at::Tensor& t, int i, int sub);
 
  private:
-  hlo::Value load(const at::Tensor& t, int i, int sub);
   // A runtime scalar (argument i, element sub) read from the program's pack.
   hlo::Value packed(const c10::IValue& v, int i, int sub, DType as);
 
@@ -217,6 +219,9 @@ struct CallKey {
   std::string key;
 };
 CallKey key_call(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& stack);
+// Appends one argument's part of a call key (`scalar`: a runtime Scalar, keyed by kind).
+void key_value(std::string& k, const c10::IValue& v, bool scalar,
+               std::vector<DeviceStorage*>& slots);
 // The slot of `s` in `storages` (appended when new).
 int slot_index(std::vector<DeviceStorage*>& storages, DeviceStorage* s);
 

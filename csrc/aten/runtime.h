@@ -68,6 +68,9 @@ struct DeviceStorage {
   // A size of this value came from tensor values (nonzero's count, ...):
   // Fused Eager runs calls that read it op by op, so graph keys stay static.
   bool value_sized = false;
+  // A bucketed call's result (bucketed.h): bytes of real elements, before the
+  // padding up to the bucket's capacity (0 otherwise).
+  size_t real_bytes = 0;
   bool has_value() const { return buffer || pending; }
 };
 
@@ -124,6 +127,8 @@ struct Metrics {
   // Tiered compiles (launch.h): programs first compiled quick, optimized builds
   // swapped in, and the background compiles that made them (not in `compiles`).
   std::atomic<int64_t> quick_compiles{0}, tier_ups{0}, tier_up_compiles{0}, tier_up_ns{0};
+  // Strict calls run at bucket sizes (bucketed.h).
+  std::atomic<int64_t> bucketed_calls{0};
 };
 Metrics& metrics();
 // New programs per op: call signatures the program table had not seen (each lowered,

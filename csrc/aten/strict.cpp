@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "aten/bucketed.h"
 #include "aten/fused.h"
 #include "aten/generator.h"
 #include "aten/host_ops.h"
@@ -122,6 +123,7 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     if (info.is_out && resize_outs(op, info, *stack, first, n, call.key))
       return strict_run(op, info, stack);
     if (run_on_host_if_churning(op, info, stack, first, n, call.storages, call.key)) return;
+    if (run_bucketed(op, info, stack, call)) return;
     TraceScope trace([&] { return "torchtpu::compile aten::" + info.name; });
     auto made = compile_call(op, info, *stack, first, n, call.storages);
     count_program(info.name);

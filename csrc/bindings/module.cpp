@@ -55,6 +55,7 @@ py::dict metrics_dict() {
   d["tier_ups"] = m.tier_ups.load();
   d["tier_up_compiles"] = m.tier_up_compiles.load();
   d["tier_up_seconds"] = static_cast<double>(m.tier_up_ns.load()) * 1e-9;
+  d["bucketed_calls"] = m.bucketed_calls.load();
   py::dict cuts;
   for (auto& [reason, count] : fused_cut_report()) cuts[py::str(reason)] = count;
   d["fused_cuts"] = cuts;
@@ -461,7 +462,7 @@ PYBIND11_MODULE(_C, m) {
                     &x.compile_ns,    &x.fused_ops,       &x.fused_graphs,    &x.fused_cache_hits,
                     &x.donated_bytes, &x.fused_outputs,   &x.compiled_graphs, &x.graph_replays,
                     &x.meta_calls,    &x.quick_compiles,  &x.tier_ups,        &x.tier_up_compiles,
-                    &x.tier_up_ns})
+                    &x.tier_up_ns,    &x.bucketed_calls})
       *c = 0;
     reset_program_report();
     reset_host_op_report();

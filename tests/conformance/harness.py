@@ -44,10 +44,12 @@ BACKEND_ENV = (
     "TORCHTPU_TIER_UP_RUNS",
     "TORCHTPU_COMPILE_THREADS",
     "TORCHTPU_HOST_CHURN",
+    "TORCHTPU_EAGER_BUCKETS",
 )
 # Set for every op test: the device lowerings are under test, so small integer
-# ops whose shapes change run on the device, not on the host (see host_ops.h).
-OP_TEST_ENV = {"TORCHTPU_HOST_CHURN": "0"}
+# ops whose shapes change run on the device, not on the host (see host_ops.h),
+# and ops at changing sizes at those sizes, not bucketed (bucketed.h).
+OP_TEST_ENV = {"TORCHTPU_HOST_CHURN": "0", "TORCHTPU_EAGER_BUCKETS": "0"}
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "int64", "int32", "bool", "complex64")
 SHORT = {

@@ -1,0 +1,614 @@
+#include "aten/bucketed.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/enum_tag.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/WrapDimMinimal.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/host_ops.h"
+#include "lower/helpers.h"
+#include "lower/types.h"
+
+namespace torchtpu::aten {
+
+using hlo::Type;
+using hlo::Value;
+using lower::to_dtype;
+
+namespace {
+
+bool enabled() {
+  const char* v = std::getenv("TORCHTPU_EAGER_BUCKETS");
+  return !(v && std::string(v) == "0");
+}
+
+// A dim is bucketed once new sizes of it arrived between this many different
+// host syncs: a model's warm-up meets all its shapes before its first reads,
+// a generate loop meets a new length after every token's read.
+constexpr int kChangesBeforeBucketing = 3;
+
+enum class Kind { Pointwise, Reduce, Matmul, Cat };
+struct OpKind {
+  Kind kind;
+  double neutral = 0;  // what a padded position holds for Reduce and Matmul
+};
+
+std::optional<OpKind> kind_of(const c10::OperatorHandle& op, const OpInfo& info) {
+  const std::string base = info.name.substr(0, info.name.find('.'));
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  if (base == "cat") return OpKind{Kind::Cat};
+  if (base == "mm" || base == "bmm") return OpKind{Kind::Matmul, 0};
+  if (base == "sum" || base == "_softmax_backward_data" || base == "_log_softmax_backward_data")
+    return OpKind{Kind::Reduce, 0};
+  if (base == "amax" || base == "_softmax" || base == "_log_softmax")
+    return OpKind{Kind::Reduce, -inf};
+  if (base == "amin") return OpKind{Kind::Reduce, inf};
+  if (op.hasTag(at::Tag::pointwise) ||
+      (info.functional && info.functional->hasTag(at::Tag::pointwise)))
+    return OpKind{Kind::Pointwise};
+  return std::nullopt;
+}
+
+// A tensor input of the call: argument `arg`, element `sub` of a list (or -1).
+struct Pos {
+  int arg, sub;
+  at::Tensor t;
+};
+
+// Per call structure (op, dtypes, ranks): how each input dim's size moved.
+struct History {
+  std::vector<std::vector<int64_t>> last;   // sizes at the previous miss
+  std::vector<std::vector<int64_t>> epoch;  // host-sync count of the last change
+  std::vector<std::vector<int>> changes;    // changes in distinct epochs
+  bool failed = false;                      // a bucketed lowering raised
+};
+std::mutex history_mu;
+std::unordered_map<std::string, History>& histories() {
+  static auto& m = *new std::unordered_map<std::string, History>();
+  return m;
+}
+
+// The dims of each position that keep changing (bit d set), noting this call.
+std::vector<uint64_t> dynamic_dims(const std::string& sig, const std::vector<Pos>& pos,
+                                   bool* failed) {
+  const int64_t epoch = metrics().host_syncs.load();
+  std::lock_guard<std::mutex> lock(history_mu);
+  History& h = histories()[sig];
+  *failed = h.failed;
+  std::vector<uint64_t> dyn(pos.size(), 0);
+  if (h.last.size() != pos.size()) {
+    h.last.clear();
+    h.epoch.clear();
+    h.changes.clear();
+    for (const Pos& p : pos) {
+      h.last.push_back(p.t.sizes().vec());
+      h.epoch.emplace_back(p.t.dim(), -1);
+      h.changes.emplace_back(p.t.dim(), 0);
+    }
+    return dyn;
+  }
+  for (size_t i = 0; i < pos.size(); ++i) {
+    for (int64_t d = 0; d < pos[i].t.dim() && d < 64; ++d) {
+      const int64_t s = pos[i].t.size(d);
+      if (s != h.last[i][d] && h.epoch[i][d] != epoch) {
+        h.epoch[i][d] = epoch;
+        h.changes[i][d]++;
+      }
+      h.last[i][d] = s;
+      if (h.changes[i][d] >= kChangesBeforeBucketing) dyn[i] |= uint64_t{1} << d;
+    }
+  }
+  return dyn;
+}
+
+void mark_failed(const std::string& sig) {
+  std::lock_guard<std::mutex> lock(history_mu);
+  histories()[sig].failed = true;
+}
+
+int64_t bucket(int64_t s) {
+  if (s <= 1) return s;  // a size 1 broadcasts; padding it would not
+  int64_t b = 8;
+  while (b < s) b *= 2;
+  return b;
+}
+
+std::vector<int64_t> box_of(const at::Tensor& t, uint64_t dyn) {
+  std::vector<int64_t> box = t.sizes().vec();
+  for (size_t d = 0; d < box.size(); ++d)
+    if (dyn >> d & 1) box[d] = bucket(box[d]);
+  return box;
+}
+
+template <typename T>
+void put(std::string& k, const T& v) {
+  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+// A runtime value of the program: an input's geometry or an output's size.
+struct Geo {
+  enum What : uint8_t { Offset, Size, Stride, OutSize } what;
+  int arg, sub, dim;  // OutSize: arg = output index
+};
+
+struct BucketEntry : ProgramEntry {
+  std::vector<Geo> geos;                      // the extra scalars, in pack order
+  std::vector<std::vector<int64_t>> out_box;  // per output
+};
+
+int64_t geo_value(const Geo& g, const torch::jit::Stack& stack, size_t first,
+                  const std::vector<std::vector<int64_t>>& out_sizes) {
+  if (g.what == Geo::OutSize) return out_sizes[g.arg][g.dim];
+  const c10::IValue& v = stack[first + g.arg];
+  const at::Tensor t = g.sub < 0 ? v.toTensor() : v.toTensorList().get(g.sub);
+  switch (g.what) {
+    case Geo::Offset: return t.storage_offset();
+    case Geo::Size: return t.size(g.dim);
+    default: return t.stride(g.dim);
+  }
+}
+
+class BucketFeed final : public InputFeed {
+ public:
+  BucketFeed(const CallKey& call, const torch::jit::Stack& stack, std::vector<int64_t> extras,
+             int device)
+      : call_(call), stack_(stack), extras_(std::move(extras)), device_(device) {}
+  pjrt::BufferPtr storage(int slot) override { return call_.storages[slot]->buffer; }
+  pjrt::BufferPtr host(const InputSource& in) override {
+    return host_input(stack_[call_.first + in.index], in.sub, device_);
+  }
+  void rng(const InputSource&, uint64_t[2]) override {
+    TORCH_INTERNAL_ASSERT(false, "[tpu] bucketed calls draw no random numbers");
+  }
+  c10::Scalar scalar(const ScalarSource& s) override {
+    if (s.extra) return extras_[s.sub];
+    return scalar_of(stack_[call_.first + s.index], s.sub);
+  }
+
+ private:
+  const CallKey& call_;
+  const torch::jit::Stack& stack_;
+  std::vector<int64_t> extras_;
+  int device_;
+};
+
+// What a rule sees of a bucketed call: the arguments with each bucketed
+// tensor replaced by a meta tensor of its box, whose value is a gather of the
+// real tensor over its runtime geometry (padding filled with the op's neutral
+// element where the op mixes values along a dim). Everything else is read as
+// Strict reads it.
+class BucketCtx final : public lower::Ctx {
+ public:
+  BucketCtx(Program& p, const OpInfo& info, const torch::jit::Stack& boxed, CallCtx& real,
+            size_t first, const std::vector<Pos>& pos, const std::vector<uint64_t>& dyn,
+            const SlotOf& slot_of, const CallOutputs& outs, std::optional<OpKind> kind,
+            std::vector<Geo>& geos)
+      : Ctx(p.b),
+        p_(p),
+        info_(info),
+        boxed_(boxed),
+        real_(real),
+        first_(first),
+        pos_(pos),
+        dyn_(dyn),
+        slot_of_(slot_of),
+        outs_(outs),
+        kind_(kind),
+        geos_(geos) {}
+
+  const c10::IValue& arg(int i) const override { return boxed_[i]; }
+  int num_args() const override { return real_.num_args(); }
+  const Type& out(int k) const override { return outs_.types.at(k); }
+  int num_outputs() const override { return static_cast<int>(outs_.types.size()); }
+  const std::string& op_name() const override { return info_.name; }
+  Value in(int i) override {
+    if (int k = find(i, -1); k >= 0) return gather(k, kind_->kind != Kind::Pointwise);
+    return real_.in(i);
+  }
+  std::vector<Value> list(int i) override {
+    std::vector<Value> out;
+    const auto l = real_.arg(i).toTensorList();
+    for (size_t j = 0; j < l.size(); ++j) {
+      int k = find(i, static_cast<int>(j));
+      out.push_back(k >= 0 ? gather(k, false) : real_.load(l.get(j), i, static_cast<int>(j)));
+    }
+    return out;
+  }
+  bool tiles(int) override { return false; }
+  Value scalar(int i, DType as) override { return real_.scalar(i, as); }
+  Value scalar_at(int i, int e, DType as) override { return real_.scalar_at(i, e, as); }
+  void update(int, Value) override { fail("writes its arguments"); }
+  void update_at(int, int, Value) override { fail("writes its arguments"); }
+  Value rng_state(int64_t) override { fail("draws random numbers"); }
+
+  // A runtime value (an input's geometry, an output's size), as a scalar i64.
+  Value extra(Geo g) {
+    p_.scalars.push_back({0, -1, static_cast<int>(geos_.size()), DType::I64, true});
+    geos_.push_back(g);
+    return b.packed_scalar(DType::I64);
+  }
+  // Input position k's size along d: runtime when the dim is bucketed.
+  Value size_of(size_t k, int64_t d) {
+    if (dyn_[k] >> d & 1) return extra({Geo::Size, pos_[k].arg, pos_[k].sub, static_cast<int>(d)});
+    return b.constant_int(pos_[k].t.size(d), DType::I64);
+  }
+  int find(int arg, int sub) const {
+    for (size_t k = 0; k < pos_.size(); ++k)
+      if (pos_[k].arg == arg && pos_[k].sub == sub && dyn_[k]) return static_cast<int>(k);
+    return -1;
+  }
+
+  // Position k read as its box: element (i...) of the box is the tensor's
+  // element (min(i, size - 1)...), so every read stays inside the view.
+  Value gather(size_t k, bool neutral_fill) {
+    const Pos& ps = pos_[k];
+    const at::Tensor& t = ps.t;
+    const DType d = to_dtype(t.scalar_type());
+    const std::vector<int64_t> box = box_of(t, dyn_[k]);
+    const Type idx_t{DType::I64, box};
+    Value flat = b.reinterpret_flat(p_.storage(slot_of_(t), d), d);
+    Value idx = b.broadcast_in_dim(extra({Geo::Offset, ps.arg, ps.sub, 0}), box, {});
+    Value keep;
+    for (int64_t dim = 0; dim < t.dim(); ++dim) {
+      Value i = b.iota(idx_t, dim);
+      if (dyn_[k] >> dim & 1) {
+        Value n = b.broadcast_in_dim(size_of(k, dim), box, {});
+        if (neutral_fill) {
+          Value in_range = b.compare(hlo::Cmp::LT, i, n);
+          keep = keep.valid() ? b.binary("and", keep, in_range) : in_range;
+        }
+        i = b.binary("minimum", i, b.binary("subtract", n, b.splat(1, idx_t)));
+      }
+      Value stride = extra({Geo::Stride, ps.arg, ps.sub, static_cast<int>(dim)});
+      idx = b.binary("add", idx, b.binary("multiply", i, b.broadcast_in_dim(stride, box, {})));
+    }
+    Value v = b.gather_flat(flat, idx);
+    if (keep.valid()) v = b.select(keep, v, b.splat(kind_->neutral, v.type));
+    return v;
+  }
+
+ private:
+  [[noreturn]] Value fail(const char* what) {
+    TORCH_CHECK(false, "[tpu] ", info_.name, " ", what, ": not bucketed");
+  }
+
+  Program& p_;
+  const OpInfo& info_;
+  const torch::jit::Stack& boxed_;
+  CallCtx& real_;
+  size_t first_;
+  const std::vector<Pos>& pos_;
+  const std::vector<uint64_t>& dyn_;
+  const SlotOf& slot_of_;
+  const CallOutputs& outs_;
+  std::optional<OpKind> kind_;
+  std::vector<Geo>& geos_;
+};
+
+// cat along a bucketed dim: each input box goes at the running sum of the
+// real sizes before it, into a box long enough for all of them, which is
+// then cut (or padded) to the output's bucket.
+Value lower_cat(BucketCtx& ctx, const std::vector<Pos>& pos, const std::vector<uint64_t>& dyn,
+                int list_arg, int64_t dim, const Type& out_box) {
+  hlo::Builder& b = ctx.b;
+  std::vector<Value> parts = ctx.list(list_arg);
+  std::vector<int64_t> sum_box = out_box.shape;
+  sum_box[dim] = 0;
+  for (const Value& v : parts) sum_box[dim] += v.shape()[dim];
+  Value acc = b.splat(0, Type{out_box.dtype, sum_box});
+  Value at = b.constant_int(0, DType::I64);
+  const Value zero = b.constant_int(0, DType::I64);
+  for (size_t j = 0; j < parts.size(); ++j) {
+    std::vector<Value> starts(sum_box.size(), zero);
+    starts[dim] = at;
+    acc = b.dynamic_update_slice(acc, b.convert(parts[j], out_box.dtype), starts);
+    Value n;
+    for (size_t k = 0; k < pos.size(); ++k)
+      if (pos[k].arg == list_arg && pos[k].sub == static_cast<int>(j))
+        n = dyn[k] >> dim & 1 ? ctx.size_of(k, dim)
+                              : b.constant_int(pos[k].t.size(dim), DType::I64);
+    at = b.binary("add", at, n);
+  }
+  if (sum_box[dim] >= out_box.shape[dim]) {
+    std::vector<int64_t> start(sum_box.size(), 0), strides(sum_box.size(), 1);
+    return b.slice(acc, start, out_box.shape, strides);
+  }
+  std::vector<int64_t> lo(sum_box.size(), 0), hi(sum_box.size(), 0), in(sum_box.size(), 0);
+  hi[dim] = out_box.shape[dim] - sum_box[dim];
+  return b.pad(acc, b.constant(0, out_box.dtype), lo, hi, in);
+}
+
+// A box-shaped result written densely at its exact (runtime) sizes, dims in
+// the order `perm` (outermost first), into a flat buffer of the box's
+// capacity; positions past the real elements repeat the last one.
+Value compact(BucketCtx& ctx, Value v, size_t out_index, const std::vector<int64_t>& perm) {
+  hlo::Builder& b = ctx.b;
+  v = b.transpose(v, perm);
+  const std::vector<int64_t> box = v.shape();
+  const int64_t cap = v.type.numel();
+  Value flat = b.reshape(v, {cap});
+  if (box.empty()) return flat;
+  const Type j_t{DType::I64, {cap}};
+  Value j = b.iota(j_t, 0);
+  Value pos = b.splat(0, j_t);
+  Value stride = b.constant_int(1, DType::I64);  // exact dense stride, runtime
+  int64_t box_stride = 1;
+  for (int64_t d = static_cast<int64_t>(box.size()) - 1; d >= 0; --d) {
+    Value n = ctx.extra({Geo::OutSize, static_cast<int>(out_index), -1, static_cast<int>(perm[d])});
+    Value c = b.binary("divide", j, b.broadcast_in_dim(stride, {cap}, {}));
+    c = d == 0 ? b.binary("minimum", c,
+                          b.broadcast_in_dim(b.binary("subtract", n, b.constant_int(1, DType::I64)),
+                                             {cap}, {}))
+               : b.binary("remainder", c, b.broadcast_in_dim(n, {cap}, {}));
+    pos = b.binary("add", pos,
+                   b.binary("multiply", c, b.splat(static_cast<double>(box_stride), j_t)));
+    stride = b.binary("multiply", stride, n);
+    box_stride *= box[d];
+  }
+  return b.gather_flat(flat, pos);
+}
+
+// The dims of a dense tensor from outermost to innermost (by stride).
+std::vector<int64_t> dim_order(const at::Tensor& t) {
+  std::vector<int64_t> perm(t.dim());
+  for (int64_t d = 0; d < t.dim(); ++d) perm[d] = d;
+  std::stable_sort(perm.begin(), perm.end(),
+                   [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  return perm;
+}
+
+// An out= tensor a bucketed call may write whole: dense from the storage's
+// start and covering every real element (an unwritten storage, an exact one,
+// or a bucketed result's real part), so the padding past it holds nothing.
+bool writable_out(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_privateuseone()) return false;
+  const DeviceStorage& st = device_storage(t.storage());
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  return t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+         (st.nbytes == bytes || (st.has_value() && st.real_bytes == bytes));
+}
+
+// A storage grown or shrunk to hold `nbytes` whose whole value is replaced next.
+void set_capacity(const c10::Storage& storage, size_t nbytes) {
+  DeviceStorage& st = device_storage(storage);
+  if (st.nbytes == nbytes) return;
+  storage_resized(st, nbytes);
+  storage.unsafeGetStorageImpl()->set_nbytes(nbytes);
+}
+
+// Wraps a flat buffer of `cap` elements as a contiguous tensor of `sizes`.
+at::Tensor wrap_capacity(pjrt::BufferPtr buf, const std::vector<int64_t>& sizes,
+                         c10::ScalarType dtype, int device) {
+  const int64_t cap = buf->numel();
+  at::Tensor t = wrap_buffer(std::move(buf), {cap}, dtype, device);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  device_storage(t.storage()).real_bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  return t;
+}
+
+}  // namespace
+
+bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                  const CallKey& call) {
+  if (!enabled() || info.foreach || info.list_write_arg >= 0) return false;
+  const std::optional<OpKind> kind = kind_of(op, info);
+  if (!kind) return false;
+  const size_t first = call.first, n = call.n;
+  torch::jit::Stack& s = *stack;
+  if (value_sized_call(call.storages)) return false;
+
+  // Returns: fresh tensors, or out= tensors written whole (writable_out).
+  std::vector<bool> is_out(n, false);
+  for (int a : info.ret_alias_arg) {
+    if (a < 0) continue;
+    if (!s[first + a].isTensor() || !writable_out(s[first + a].toTensor())) return false;
+    is_out[a] = true;
+  }
+  std::vector<Pos> pos;
+  int list_arg = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = s[first + i];
+    if (v.isGenerator()) return false;
+    if (is_out[i]) continue;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && t.device().is_privateuseone() && t.dim() > 0)
+        pos.push_back({static_cast<int>(i), -1, t});
+    } else if (v.isTensorList()) {
+      if (kind->kind != Kind::Cat) return false;
+      list_arg = static_cast<int>(i);
+      auto l = v.toTensorList();
+      for (size_t j = 0; j < l.size(); ++j) {
+        const at::Tensor t = l.get(j);
+        if (!t.device().is_privateuseone() || t.dim() == 0) return false;
+        pos.push_back({static_cast<int>(i), static_cast<int>(j), t});
+      }
+    } else if (v.isList()) {
+      return false;
+    }
+  }
+  if (pos.empty()) return false;
+  for (const Pos& p : pos)
+    if (p.t.numel() == 0) return false;
+
+  const std::string sig = call_signature(info, s, first, n);
+  bool failed = false;
+  std::vector<uint64_t> dyn = dynamic_dims(sig, pos, &failed);
+  if (failed || std::all_of(dyn.begin(), dyn.end(), [](uint64_t m) { return m == 0; }))
+    return false;
+  if (kind->kind == Kind::Matmul || kind->kind == Kind::Reduce)
+    for (const Pos& p : pos)
+      if (!c10::isFloatingType(p.t.scalar_type())) return false;
+
+  // The exact output sizes (the out= tensors', or the meta kernel's).
+  std::vector<std::vector<int64_t>> out_sizes;
+  CallOutputs exact = call_outputs(op, info, s, first, n);
+  for (int r : exact.ret_lists)
+    if (r >= 0) return false;  // a Tensor[] return
+  for (size_t k = 0; k < exact.types.size(); ++k) {
+    if (exact.undefined[k]) return false;
+    out_sizes.push_back(exact.types[k].shape);
+    for (int64_t z : exact.types[k].shape)
+      if (z == 0) return false;
+  }
+  int64_t cat_dim = 0, cat_box = 0;
+  if (kind->kind == Kind::Cat) {
+    if (list_arg < 0 || exact.types.size() != 1) return false;
+    const int64_t rank = static_cast<int64_t>(out_sizes[0].size());
+    cat_dim = c10::maybe_wrap_dim(s[first + list_arg + 1].toInt(), rank);
+    cat_box = bucket(out_sizes[0][cat_dim]);
+  }
+
+  // The bucketed key: the op, bucketed inputs by box, dyn dims, storage and
+  // capacity; every other argument as Strict keys it.
+  std::string key = "B";
+  put(key, &info);
+  std::vector<DeviceStorage*> slots;
+  size_t next = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = s[first + i];
+    auto key_pos = [&](const at::Tensor& t, size_t k) {
+      if (!dyn[k]) return key_value(key, t, false, slots);
+      const DeviceStorage& st = device_storage(t.storage());
+      key.push_back('Y');
+      put(key, static_cast<int8_t>(t.scalar_type()));
+      for (int64_t z : box_of(t, dyn[k])) put(key, z);
+      put(key, dyn[k]);
+      put(key, static_cast<int16_t>(slot_index(slots, const_cast<DeviceStorage*>(&st))));
+      put(key, static_cast<uint64_t>(st.nbytes));
+      put(key, st.has_value() ? static_cast<int8_t>(st.dtype) : int8_t(-1));
+    };
+    if (is_out[i]) {
+      key.push_back('O');
+      put(key, static_cast<int8_t>(v.toTensor().scalar_type()));
+      for (int64_t d : dim_order(v.toTensor())) put(key, static_cast<int8_t>(d));
+      slot_index(slots, &device_storage(v.toTensor().storage()));
+    } else if (next < pos.size() && pos[next].arg == static_cast<int>(i) && pos[next].sub < 0) {
+      key_pos(pos[next].t, next);
+      ++next;
+    } else if (static_cast<int>(i) == list_arg) {
+      key.push_back('L');
+      while (next < pos.size() && pos[next].arg == static_cast<int>(i)) {
+        key_pos(pos[next].t, next);
+        ++next;
+      }
+    } else {
+      key_value(key, v, info.scalar_arg[i] != 0, slots);
+    }
+  }
+  put(key, cat_box);
+  TORCH_INTERNAL_ASSERT(slots.size() == call.storages.size());
+
+  auto entry = std::static_pointer_cast<const BucketEntry>(find_program(key));
+  if (entry) {
+    metrics().cache_hits++;
+  } else {
+    try {
+      auto made = std::make_shared<BucketEntry>();
+      // The arguments as the rule sees them: bucketed tensors become boxes.
+      torch::jit::Stack boxed(s.begin() + first, s.begin() + first + n);
+      for (size_t k = 0; k < pos.size(); ++k) {
+        if (!dyn[k]) continue;
+        at::Tensor m = at::empty(box_of(pos[k].t, dyn[k]), pos[k].t.options().device(c10::kMeta));
+        if (pos[k].sub < 0) {
+          boxed[pos[k].arg] = m;
+        } else {
+          auto l = boxed[pos[k].arg].toTensorList().copy();
+          l.set(pos[k].sub, m);
+          boxed[pos[k].arg] = l;
+        }
+      }
+      for (size_t i = 0; i < n; ++i)
+        if (is_out[i]) boxed[i] = at::empty({0}, boxed[i].toTensor().options().device(c10::kMeta));
+      CallOutputs outs = call_outputs(op, info, boxed, 0, n);
+      if (kind->kind == Kind::Cat) outs.types[0].shape[cat_dim] = cat_box;
+      made->ret_lists = outs.ret_lists;
+      Program p;
+      for (DeviceStorage* st : call.storages) p.add_slot({st->has_value(), st->dtype, st->nbytes});
+      std::vector<DeviceStorage*> storages = call.storages;
+      SlotOf slot_of = [&](const at::Tensor& t) {
+        return t.device().is_privateuseone() ? slot_index(storages, &device_storage(t.storage()))
+                                             : -1;
+      };
+      CallCtx real(p, 0, info, s, first, slot_of, outs);
+      BucketCtx ctx(p, info, boxed, real, first, pos, dyn, slot_of, outs, kind, made->geos);
+      std::vector<Value> vals;
+      if (kind->kind == Kind::Cat && std::any_of(pos.begin(), pos.end(), [&](const Pos& q) {
+            return q.arg == list_arg && (dyn[&q - pos.data()] >> cat_dim & 1);
+          })) {
+        vals.push_back(lower_cat(ctx, pos, dyn, list_arg, cat_dim, outs.types[0]));
+      } else {
+        vals = (*info.rule)(ctx);
+      }
+      TORCH_CHECK(vals.size() == outs.types.size() && p.written.empty(), "[tpu] ", info.name,
+                  ": not a bucketed op");
+      std::vector<Value> results;
+      for (size_t k = 0; k < vals.size(); ++k) {
+        Value v = lower::coerce(p.b, vals[k], outs.types[k]);
+        made->out_box.push_back(outs.types[k].shape);
+        const int a = k < info.ret_alias_arg.size() ? info.ret_alias_arg[k] : -1;
+        std::vector<int64_t> perm(v.rank());
+        for (int64_t d = 0; d < v.rank(); ++d) perm[d] = d;
+        if (a >= 0) perm = dim_order(s[first + a].toTensor());
+        results.push_back(compact(ctx, v, k, perm));
+        made->outs.push_back({false, -1, outs.types[k].dtype, {v.type.numel()}});
+      }
+      p.finish(results, *made);
+      count_program(info.name + " (bucketed)");
+      entry = made;
+      add_program(key, entry);
+    } catch (const std::exception& e) {
+      // Not expressible at bucket sizes: the op runs at its exact sizes.
+      if (std::getenv("TORCHTPU_DEBUG_BUCKETS"))
+        std::fprintf(stderr, "[tpu] %s not bucketed: %s\n", info.name.c_str(), e.what());
+      mark_failed(sig);
+      return false;
+    }
+  }
+  for (size_t k = 0; k < entry->out_box.size(); ++k)
+    if (entry->out_box[k].size() != out_sizes[k].size()) return false;
+
+  std::vector<int64_t> extras;
+  extras.reserve(entry->geos.size());
+  for (const Geo& g : entry->geos) extras.push_back(geo_value(g, s, first, out_sizes));
+  const int device = call.storages[0]->device;
+  BucketFeed feed(call, s, std::move(extras), device);
+  std::vector<pjrt::BufferPtr> bufs;
+  {
+    TraceScope trace([&] { return "torchtpu::execute aten::" + info.name + " (bucketed)"; });
+    bufs = launch(*entry, gather_inputs(*entry, feed, device), device,
+                  [&] { return describe(info.name, s, first, n); });
+  }
+  // Outputs: into the out= tensors (their storages grown to the capacity),
+  // or fresh tensors over capacity storages.
+  std::vector<at::Tensor> fresh;
+  size_t k = 0;
+  for (size_t r = 0; r < entry->ret_lists.size(); ++r, ++k) {
+    const int a = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;
+    const c10::ScalarType dt = lower::to_scalar_type(entry->outs[k].dtype);
+    if (a >= 0) {
+      const at::Tensor& out = s[first + a].toTensor();
+      TORCH_INTERNAL_ASSERT(out.scalar_type() == dt);
+      set_capacity(out.storage(), static_cast<size_t>(bufs[k]->numel()) * out.element_size());
+      DeviceStorage& st = device_storage(out.storage());
+      st.dtype = bufs[k]->dtype();
+      st.buffer = std::move(bufs[k]);
+      st.real_bytes = static_cast<size_t>(out.numel()) * out.element_size();
+    } else {
+      fresh.push_back(wrap_capacity(std::move(bufs[k]), out_sizes[k], dt, device));
+    }
+  }
+  push_returns(info, entry->ret_lists, fresh, s, first);
+  metrics().bucketed_calls++;
+  return true;
+}
+
+}  // namespace torchtpu::aten

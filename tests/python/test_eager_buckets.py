@@ -1,0 +1,161 @@
+"""Bucketed eager calls (bucketed.h): ops whose sizes keep changing from call to
+call run at bucket sizes with the real sizes as runtime values.
+
+A growing KV cache (cat, the attention matmuls, softmax), reductions and
+pointwise ops along a growing dim, and their backward ops must match the CPU
+and stop compiling a program per length; TORCHTPU_EAGER_BUCKETS=0 turns it off.
+The rest of the suite runs with it off (harness.OP_TEST_ENV): the lowerings at
+exact sizes are what it tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchtpu
+from conftest import F32_TOL, run_py
+
+
+@pytest.fixture
+def buckets(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_EAGER_BUCKETS", "1")
+
+
+def programs() -> int:
+    return sum(torchtpu.metrics()["programs_by_op"].values())
+
+
+def bucketed() -> int:
+    return torchtpu.metrics()["bucketed_calls"]
+
+
+def attention_loop(dev, steps, seed, per_step=None):
+    """A decoder's KV cache growing by one position per step."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(1, 4, 5, 16, generator=g).to(dev)
+    v = torch.randn(1, 4, 5, 16, generator=g).to(dev)
+    outs = []
+    for _ in range(steps):
+        q, kn, vn = (torch.randn(1, 4, 1, 16, generator=g).to(dev) for _ in range(3))
+        k = torch.cat([k, kn], dim=2)
+        v = torch.cat([v, vn], dim=2)
+        w = torch.softmax(q @ k.transpose(2, 3) * 0.25, dim=-1)
+        outs.append((w @ v).cpu())  # a read per step, as generate's stopping test
+        if per_step is not None:
+            per_step.append(programs())
+    return torch.stack(outs), k.cpu(), v.cpu()
+
+
+@pytest.mark.parametrize("eager", ["strict", "debug"], indirect=True)
+def test_growing_kv_cache_stops_compiling_and_matches_cpu(eager, buckets):
+    ref, ref_k, ref_v = attention_loop("cpu", 40, seed=1)
+    per_step: list[int] = []
+    b0 = bucketed()
+    out, k, v = attention_loop("tpu", 40, seed=1, per_step=per_step)
+    torch.testing.assert_close(out, ref, **F32_TOL)
+    assert torch.equal(k, ref_k) and torch.equal(v, ref_v)  # cat moves values exactly
+    assert bucketed() - b0 > 100
+    # Lengths 6..45: after the first steps only the bucket boundaries (16, 32)
+    # compile, a few programs each; exact sizes would compile 4 per step.
+    assert per_step[-1] - per_step[5] <= 16, per_step
+    assert per_step[-1] - per_step[-8] == 0, per_step
+
+
+def test_switch_off_compiles_every_length(monkeypatch):
+    monkeypatch.setenv("TORCHTPU_EAGER_BUCKETS", "0")
+    per_step: list[int] = []
+    b0 = bucketed()
+    attention_loop("tpu", 12, seed=2, per_step=per_step)
+    assert bucketed() == b0
+    assert per_step[-1] - per_step[5] >= 6 * 4, per_step
+
+
+def reductions(x, b):
+    return (
+        (x * 2 + b[:, None]).sum(1),
+        x.amax(1),
+        x.amin(1, keepdim=True),
+        torch.log_softmax(x, 1),
+        torch.softmax(x, 1),
+        x.sum(),
+        torch.where(x > 0, x, b[:, None] * 0.5),
+    )
+
+
+@pytest.mark.parametrize("eager", ["strict"], indirect=True)
+def test_reductions_and_pointwise_along_a_growing_dim(eager, buckets):
+    g = torch.Generator().manual_seed(3)
+    b0 = bucketed()
+    for n in range(3, 30):
+        x = torch.randn(3, n, generator=g)
+        b = torch.randn(3, generator=g)
+        got = reductions(x.to("tpu"), b.to("tpu"))
+        for want, have in zip(reductions(x, b), got):
+            torch.testing.assert_close(have.cpu(), want, **F32_TOL)
+        # Pointwise results are exact at any size.
+        assert torch.equal(got[-1].cpu(), reductions(x, b)[-1])
+    assert bucketed() - b0 > 50
+
+
+@pytest.mark.parametrize("eager", ["strict"], indirect=True)
+def test_backward_along_a_growing_dim(eager, buckets):
+    """Attention-like training at a new sequence length every step: mm, softmax
+    and their backward ops (contractions over the padded dim) match the CPU."""
+    g = torch.Generator().manual_seed(4)
+    w_cpu = torch.randn(8, 8, generator=g)
+    w_tpu = w_cpu.to("tpu").requires_grad_()
+    w_cpu.requires_grad_()
+    b0 = bucketed()
+    for t in range(4, 24):
+        x = torch.randn(2, t, 8, generator=g)
+        grads = []
+        for w, dev in ((w_cpu, "cpu"), (w_tpu, "tpu")):
+            xs = x.to(dev).detach().requires_grad_()
+            h = (xs.reshape(2 * t, 8) @ w).reshape(2, t, 8)
+            s = torch.softmax(h, dim=1)
+            loss = (s * h).sum()
+            loss.backward()
+            grads.append((loss.detach().cpu(), xs.grad.cpu(), w.grad.cpu()))
+            w.grad = None
+        for want, have in zip(*grads):
+            torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
+    assert bucketed() - b0 > 50
+
+
+_GENERATE = """
+import torch, torchtpu
+from transformers import GPT2Config, GPT2LMHeadModel, LogitsProcessor, LogitsProcessorList
+torch.manual_seed(0)
+cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=128)
+m = GPT2LMHeadModel(cfg).eval()
+ids = torch.randint(0, 64, (1, 5))
+kw = dict(max_new_tokens=40, do_sample=False, pad_token_id=0)
+with torch.no_grad():
+    ref = m.generate(ids, **kw)
+m = m.to("tpu")
+seen = []
+class Count(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        seen.append(sum(torchtpu.metrics()["programs_by_op"].values()))
+        return scores
+with torch.no_grad():
+    out = m.generate(ids.to("tpu"), **kw, logits_processor=LogitsProcessorList([Count()]))
+assert torch.equal(out.cpu(), ref), (out, ref)
+print("PER_TOKEN", [b - a for a, b in zip(seen, seen[1:])])
+print("BUCKETED", torchtpu.metrics()["bucketed_calls"])
+"""
+
+
+@pytest.mark.parametrize("on", ["1", "0"])
+def test_dynamic_cache_generate_compiles_per_bucket(on):
+    pytest.importorskip("transformers")
+    env = {"TORCHTPU_HOST_CHURN": "2", "TORCHTPU_EAGER_BUCKETS": on}
+    r = run_py(_GENERATE, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    per_token = eval(r.stdout.split("PER_TOKEN")[1].split("\n")[0].strip())
+    later = sum(per_token[6:])  # tokens 8..41: cache lengths 13..45
+    if on == "1":
+        # Only the bucket boundaries (16, 32) compile: the attention ops' programs.
+        assert later <= 24 and int(r.stdout.split("BUCKETED")[1]) > 0, per_token
+    else:
+        assert later >= 4 * len(per_token[6:]), per_token
