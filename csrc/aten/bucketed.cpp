@@ -394,78 +394,108 @@ at::Tensor wrap_capacity(pjrt::BufferPtr buf, const std::vector<int64_t>& sizes,
   return t;
 }
 
-}  // namespace
+// What a bucketed call is: its kind, tensor inputs and their bucketed dims,
+// which arguments are out= tensors, and its exact output sizes.
+struct Plan {
+  OpKind kind;
+  std::vector<bool> is_out;
+  std::vector<Pos> pos;
+  std::vector<uint64_t> dyn;
+  int list_arg = -1;
+  std::string sig;
+  std::vector<std::vector<int64_t>> out_sizes;
+  int64_t cat_dim = 0, cat_box = 0;
+};
 
-bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                  const CallKey& call) {
-  if (!enabled() || info.foreach || info.list_write_arg >= 0) return false;
+std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
+                              const torch::jit::Stack& s, const CallKey& call) {
+  if (!enabled() || info.foreach || info.list_write_arg >= 0) return std::nullopt;
   const std::optional<OpKind> kind = kind_of(op, info);
-  if (!kind) return false;
+  if (!kind) return std::nullopt;
   const size_t first = call.first, n = call.n;
-  torch::jit::Stack& s = *stack;
-  if (value_sized_call(call.storages)) return false;
+  if (value_sized_call(call.storages)) return std::nullopt;
+  Plan pl{*kind};
 
   // Returns: fresh tensors, or out= tensors written whole (writable_out).
-  std::vector<bool> is_out(n, false);
+  pl.is_out.assign(n, false);
   for (int a : info.ret_alias_arg) {
     if (a < 0) continue;
-    if (!s[first + a].isTensor() || !writable_out(s[first + a].toTensor())) return false;
-    is_out[a] = true;
+    if (!s[first + a].isTensor() || !writable_out(s[first + a].toTensor())) return std::nullopt;
+    pl.is_out[a] = true;
   }
-  std::vector<Pos> pos;
-  int list_arg = -1;
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& v = s[first + i];
-    if (v.isGenerator()) return false;
-    if (is_out[i]) continue;
+    if (v.isGenerator()) return std::nullopt;
+    if (pl.is_out[i]) continue;
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (t.defined() && t.device().is_privateuseone() && t.dim() > 0)
-        pos.push_back({static_cast<int>(i), -1, t});
+        pl.pos.push_back({static_cast<int>(i), -1, t});
     } else if (v.isTensorList()) {
-      if (kind->kind != Kind::Cat) return false;
-      list_arg = static_cast<int>(i);
+      if (kind->kind != Kind::Cat) return std::nullopt;
+      pl.list_arg = static_cast<int>(i);
       auto l = v.toTensorList();
       for (size_t j = 0; j < l.size(); ++j) {
         const at::Tensor t = l.get(j);
-        if (!t.device().is_privateuseone() || t.dim() == 0) return false;
-        pos.push_back({static_cast<int>(i), static_cast<int>(j), t});
+        if (!t.device().is_privateuseone() || t.dim() == 0) return std::nullopt;
+        pl.pos.push_back({static_cast<int>(i), static_cast<int>(j), t});
       }
     } else if (v.isList()) {
-      return false;
+      return std::nullopt;
     }
   }
-  if (pos.empty()) return false;
-  for (const Pos& p : pos)
-    if (p.t.numel() == 0) return false;
+  if (pl.pos.empty()) return std::nullopt;
+  for (const Pos& p : pl.pos)
+    if (p.t.numel() == 0) return std::nullopt;
 
-  const std::string sig = call_signature(info, s, first, n);
+  pl.sig = call_signature(info, s, first, n);
   bool failed = false;
-  std::vector<uint64_t> dyn = dynamic_dims(sig, pos, &failed);
-  if (failed || std::all_of(dyn.begin(), dyn.end(), [](uint64_t m) { return m == 0; }))
-    return false;
+  pl.dyn = dynamic_dims(pl.sig, pl.pos, &failed);
+  if (failed || std::all_of(pl.dyn.begin(), pl.dyn.end(), [](uint64_t m) { return m == 0; }))
+    return std::nullopt;
   if (kind->kind == Kind::Matmul || kind->kind == Kind::Reduce)
-    for (const Pos& p : pos)
-      if (!c10::isFloatingType(p.t.scalar_type())) return false;
+    for (const Pos& p : pl.pos)
+      if (!c10::isFloatingType(p.t.scalar_type())) return std::nullopt;
 
   // The exact output sizes (the out= tensors', or the meta kernel's).
-  std::vector<std::vector<int64_t>> out_sizes;
   CallOutputs exact = call_outputs(op, info, s, first, n);
   for (int r : exact.ret_lists)
-    if (r >= 0) return false;  // a Tensor[] return
+    if (r >= 0) return std::nullopt;  // a Tensor[] return
   for (size_t k = 0; k < exact.types.size(); ++k) {
-    if (exact.undefined[k]) return false;
-    out_sizes.push_back(exact.types[k].shape);
+    if (exact.undefined[k]) return std::nullopt;
+    pl.out_sizes.push_back(exact.types[k].shape);
     for (int64_t z : exact.types[k].shape)
-      if (z == 0) return false;
+      if (z == 0) return std::nullopt;
   }
-  int64_t cat_dim = 0, cat_box = 0;
   if (kind->kind == Kind::Cat) {
-    if (list_arg < 0 || exact.types.size() != 1) return false;
-    const int64_t rank = static_cast<int64_t>(out_sizes[0].size());
-    cat_dim = c10::maybe_wrap_dim(s[first + list_arg + 1].toInt(), rank);
-    cat_box = bucket(out_sizes[0][cat_dim]);
+    if (pl.list_arg < 0 || exact.types.size() != 1) return std::nullopt;
+    const int64_t rank = static_cast<int64_t>(pl.out_sizes[0].size());
+    pl.cat_dim = c10::maybe_wrap_dim(s[first + pl.list_arg + 1].toInt(), rank);
+    pl.cat_box = bucket(pl.out_sizes[0][pl.cat_dim]);
   }
+  return pl;
+}
+
+}  // namespace
+
+bool wants_bucketing(const c10::OperatorHandle& op, const OpInfo& info,
+                     const torch::jit::Stack& stack, const CallKey& call) {
+  return plan_call(op, info, stack, call).has_value();
+}
+
+bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                  const CallKey& call) {
+  torch::jit::Stack& s = *stack;
+  std::optional<Plan> plan = plan_call(op, info, s, call);
+  if (!plan) return false;
+  const size_t first = call.first, n = call.n;
+  const std::optional<OpKind> kind = plan->kind;
+  const std::vector<bool>& is_out = plan->is_out;
+  const std::vector<Pos>& pos = plan->pos;
+  const std::vector<uint64_t>& dyn = plan->dyn;
+  const int list_arg = plan->list_arg;
+  const std::vector<std::vector<int64_t>>& out_sizes = plan->out_sizes;
+  const int64_t cat_dim = plan->cat_dim, cat_box = plan->cat_box;
 
   // The bucketed key: the op, bucketed inputs by box, dyn dims, storage and
   // capacity; every other argument as Strict keys it.
@@ -569,7 +599,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
       // Not expressible at bucket sizes: the op runs at its exact sizes.
       if (std::getenv("TORCHTPU_DEBUG_BUCKETS"))
         std::fprintf(stderr, "[tpu] %s not bucketed: %s\n", info.name.c_str(), e.what());
-      mark_failed(sig);
+      mark_failed(plan->sig);
       return false;
     }
   }

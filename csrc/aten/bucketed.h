@@ -23,5 +23,10 @@ namespace torchtpu::aten {
 // structure; else returns false (and nothing ran).
 bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                   const CallKey& call);
+// Whether run_bucketed would run this call bucketed (Fused Eager hands such
+// calls to Strict after a cut, so its graphs keep static keys). Notes the
+// call's sizes as run_bucketed does.
+bool wants_bucketing(const c10::OperatorHandle& op, const OpInfo& info,
+                     const torch::jit::Stack& stack, const CallKey& call);
 
 }  // namespace torchtpu::aten

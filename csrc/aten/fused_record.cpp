@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "aten/bucketed.h"
 #include "aten/events.h"
 #include "aten/fused.h"
 #include "aten/fused_graph.h"
@@ -171,6 +172,12 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     if (info.is_out && resize_outs(op, info, *stack, first, n, key))
       return fused_record(op, info, stack);
     if (run_on_host_if_churning(op, info, stack, first, n, storages, key)) return;
+    // Sizes that keep changing run bucketed op by op; the graphs around them
+    // keep their keys.
+    if (wants_bucketing(op, info, *stack, call)) {
+      flush_locked(g, "bucketed");
+      return strict_run(op, info, stack);
+    }
     tmpl = make_template(op, info, *stack, first, n, storages);
     g.templates.emplace(key, tmpl);
   }

@@ -46,7 +46,7 @@ def attention_loop(dev, steps, seed, per_step=None):
     return torch.stack(outs), k.cpu(), v.cpu()
 
 
-@pytest.mark.parametrize("eager", ["strict", "debug"], indirect=True)
+@pytest.mark.parametrize("eager", ["strict", "debug", "fused"], indirect=True)
 def test_growing_kv_cache_stops_compiling_and_matches_cpu(eager, buckets):
     ref, ref_k, ref_v = attention_loop("cpu", 40, seed=1)
     per_step: list[int] = []
@@ -82,7 +82,7 @@ def reductions(x, b):
     )
 
 
-@pytest.mark.parametrize("eager", ["strict"], indirect=True)
+@pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
 def test_reductions_and_pointwise_along_a_growing_dim(eager, buckets):
     g = torch.Generator().manual_seed(3)
     b0 = bucketed()
@@ -97,7 +97,7 @@ def test_reductions_and_pointwise_along_a_growing_dim(eager, buckets):
     assert bucketed() - b0 > 50
 
 
-@pytest.mark.parametrize("eager", ["strict"], indirect=True)
+@pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
 def test_backward_along_a_growing_dim(eager, buckets):
     """Attention-like training at a new sequence length every step: mm, softmax
     and their backward ops (contractions over the padded dim) match the CPU."""
@@ -146,10 +146,10 @@ print("BUCKETED", torchtpu.metrics()["bucketed_calls"])
 """
 
 
-@pytest.mark.parametrize("on", ["1", "0"])
-def test_dynamic_cache_generate_compiles_per_bucket(on):
+@pytest.mark.parametrize("mode,on", [("strict", "1"), ("fused", "1"), ("strict", "0")])
+def test_dynamic_cache_generate_compiles_per_bucket(mode, on):
     pytest.importorskip("transformers")
-    env = {"TORCHTPU_HOST_CHURN": "2", "TORCHTPU_EAGER_BUCKETS": on}
+    env = {"TORCHTPU_HOST_CHURN": "2", "TORCHTPU_EAGER_BUCKETS": on, "TORCHTPU_EAGER": mode}
     r = run_py(_GENERATE, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     per_token = eval(r.stdout.split("PER_TOKEN")[1].split("\n")[0].strip())
