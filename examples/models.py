@@ -58,6 +58,114 @@ class MobileCNN(nn.Module):
         return self.net(x)
 
 
+def make_divisible(v: float, divisor: int = 8) -> int:
+    """``v`` rounded to the nearest multiple of ``divisor`` (at least ``divisor``), never
+    more than 10% below ``v``: MobileNet's channel rounding."""
+    out = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return out + divisor if out < 0.9 * v else out
+
+
+def conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, act=None):
+    """k x k convolution (same padding, no bias), batch norm, then ``act`` if given."""
+    layers = [
+        nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout, eps=0.001, momentum=0.01),
+    ]
+    if act is not None:
+        layers.append(act())
+    return nn.Sequential(*layers)
+
+
+class SqueezeExcite(nn.Module):
+    """Channel gates: global average, 1x1 conv down, ReLU, 1x1 conv up, hardsigmoid."""
+
+    def __init__(self, ch: int) -> None:
+        super().__init__()
+        mid = make_divisible(ch / 4)
+        self.down = nn.Conv2d(ch, mid, 1)
+        self.up = nn.Conv2d(mid, ch, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = F.adaptive_avg_pool2d(x, 1)
+        return x * F.hardsigmoid(self.up(F.relu(self.down(s))))
+
+
+class Bneck(nn.Module):
+    """MobileNetV3's inverted residual: 1x1 expansion (skipped when it would keep the
+    width), k x k depthwise, optional squeeze-excite, linear 1x1 projection; the input
+    is added back when the shape is unchanged."""
+
+    def __init__(self, cin: int, k: int, exp: int, cout: int, se: bool, act, stride: int):
+        super().__init__()
+        layers = [] if exp == cin else [conv_bn(cin, exp, 1, act=act)]
+        layers.append(conv_bn(exp, exp, k, stride, groups=exp, act=act))
+        if se:
+            layers.append(SqueezeExcite(exp))
+        layers.append(conv_bn(exp, cout, 1))
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        return x + y if self.residual else y
+
+
+class MobileNetV3Small(nn.Module):
+    """MobileNetV3-Small (Howard et al. 2019, "Searching for MobileNetV3", Table 2):
+    a 3x3 stride-2 stem, eleven bneck blocks, a 1x1 conv to 576 channels, global
+    average pooling, then a 1024-wide hidden layer and the classifier. About 2.54M
+    parameters at 1000 classes and width 1.0."""
+
+    # kernel, expansion, output channels, squeeze-excite, hardswish (else ReLU), stride
+    CONFIG = (
+        (3, 16, 16, True, False, 2),
+        (3, 72, 24, False, False, 2),
+        (3, 88, 24, False, False, 1),
+        (5, 96, 40, True, True, 2),
+        (5, 240, 40, True, True, 1),
+        (5, 240, 40, True, True, 1),
+        (5, 120, 48, True, True, 1),
+        (5, 144, 48, True, True, 1),
+        (5, 288, 96, True, True, 2),
+        (5, 576, 96, True, True, 1),
+        (5, 576, 96, True, True, 1),
+    )
+
+    def __init__(self, num_classes: int = 1000, width: float = 1.0, dropout: float = 0.2):
+        super().__init__()
+
+        def ch(c: int) -> int:
+            return make_divisible(c * width)
+
+        cin = ch(16)
+        layers = [conv_bn(3, cin, 3, 2, act=nn.Hardswish)]
+        for k, exp, cout, se, hs, stride in self.CONFIG:
+            act = nn.Hardswish if hs else nn.ReLU
+            layers.append(Bneck(cin, k, ch(exp), ch(cout), se, act, stride))
+            cin = ch(cout)
+        last = 6 * cin
+        layers.append(conv_bn(cin, last, 1, act=nn.Hardswish))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(
+            nn.Linear(last, 1024),
+            nn.Hardswish(),
+            nn.Dropout(dropout),
+            nn.Linear(1024, num_classes),
+        )
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out")
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.adaptive_avg_pool2d(self.features(x), 1).flatten(1)
+        return self.classifier(x)
+
+
 class Block(nn.Module):
     def __init__(self, d: int, heads: int, dropout: float) -> None:
         super().__init__()
