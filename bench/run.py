@@ -461,24 +461,33 @@ def small_models(gen: torch.Generator) -> dict:
 
 # One process of the cold-start benchmark: a fresh compile cache, `model` trained in
 # `mode` for 4 steps (the first timed alone), then, once the background compiles
-# are done, 4 more.
+# are done, 4 more. Mode "cpu" is the torch CPU eager reference (same steps on CPU).
+# MobileNetV3-Small runs the ImageNet model (1000 classes) at its own 224x224
+# resolution, so its programs have the shapes a user of the real model compiles;
+# batch 2 keeps its steps short on 2 cores.
 _COLD_CHILD = """
 import json, statistics, sys, time
 import torch, torch.nn.functional as F, torchtpu
 sys.path.insert(0, sys.argv[1])
-from models import GPT, MobileCNN, copy_task_batch
-torchtpu.eager_mode(sys.argv[3])
+from models import GPT, MobileCNN, MobileNetV3Small, copy_task_batch
+device = "cpu" if sys.argv[3] == "cpu" else "tpu"
+if device == "tpu":
+    torchtpu.eager_mode(sys.argv[3])
 torch.manual_seed(0)
 gen = torch.Generator().manual_seed(0)
 if sys.argv[2] == "gpt":
-    model, batch = GPT().to("tpu"), copy_task_batch(gen, 8, 32, 64)
+    model, batch = GPT().to(device), copy_task_batch(gen, 8, 32, 64)
     loss_of = lambda x, y: model(x, y)
+elif sys.argv[2] == "mnv3":
+    model = MobileNetV3Small().to(device)
+    batch = (torch.randn(2, 3, 224, 224, generator=gen), torch.randint(0, 1000, (2,), generator=gen))
+    loss_of = lambda x, y: F.cross_entropy(model(x), y)
 else:
-    model = MobileCNN().to("tpu")
+    model = MobileCNN().to(device)
     batch = (torch.randn(8, 3, 64, 64, generator=gen), torch.randint(0, 10, (8,), generator=gen))
     loss_of = lambda x, y: F.cross_entropy(model(x), y)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-x, y = (t.to("tpu") for t in batch)
+x, y = (t.to(device) for t in batch)
 
 def steps(n):
     out = []
@@ -501,31 +510,56 @@ warm = steps(4)
 print(json.dumps({"first": cold[0], "next": statistics.median(cold[1:]), "waited": waited,
                   "after": statistics.median(warm), "compiles": m["compiles"],
                   "compile_s": m["compile_seconds"], "quick": m["quick_compiles"],
-                  "tier_ups": torchtpu.metrics()["tier_ups"]}))
+                  "fallbacks": m["fallbacks"], "tier_ups": torchtpu.metrics()["tier_ups"]}))
 """
 
+COLD_MODELS = {
+    "cnn": "MobileNet-style CNN",
+    "gpt": "GPT",
+    "mnv3": "MobileNetV3-Small, 2x3x224x224",
+}
 
-def print_cold_start() -> None:
+
+def print_cold_start(models: tuple[str, ...] = ("cnn", "gpt", "mnv3")) -> None:
     """First training step in a fresh process with an empty compile cache, with tiered
-    compiles (TORCHTPU_TIERED_COMPILE=1: quick builds first) and without (the default)."""
+    compiles (TORCHTPU_TIERED_COMPILE=1: quick builds first) and without (the default).
+    MobileNetV3-Small also gets the torch CPU eager reference and a tiered row with
+    another number of background compile threads (TORCHTPU_COMPILE_THREADS, default
+    cores - 1): 1 where the default is more, else 2."""
+    default_threads = max(1, (os.cpu_count() or 1) - 1)
     print(
-        "\n| cold start (empty cache) | mode | tiered | first step s | compiles | compile s "
-        "| steps 2-4 ms | background wait s | after tier-up ms |"
+        "\n| cold start (empty cache) | mode | tiered | tier-up threads | first step s "
+        "| compiles | compile s | steps 2-4 ms | background wait s | after tier-up ms |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for model in ("cnn", "gpt"):
-        for mode in ("strict", "fused"):
-            for tiered in ("1", "0"):
-                with tempfile.TemporaryDirectory(prefix="torchtpu-bench-cold-") as cache_dir:
-                    r = _run_child(
-                        _COLD_CHILD, [model, mode], cache_dir, TORCHTPU_TIERED_COMPILE=tiered
-                    )
-                name = "MobileNet-style CNN" if model == "cnn" else "GPT"
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for model in models:
+        rows = [(mode, tiered, None) for mode in ("strict", "fused") for tiered in ("1", "0")]
+        if model == "mnv3":
+            other = "1" if default_threads > 1 else "2"
+            rows = [("cpu", "0", None)] + rows
+            rows += [(mode, "1", other) for mode in ("strict", "fused")]
+        for mode, tiered, threads in rows:
+            env = {"TORCHTPU_TIERED_COMPILE": tiered}
+            if threads is not None:
+                env["TORCHTPU_COMPILE_THREADS"] = threads
+            with tempfile.TemporaryDirectory(prefix="torchtpu-bench-cold-") as cache_dir:
+                r = _run_child(_COLD_CHILD, [model, mode], cache_dir, **env)
+            if mode == "cpu":
                 print(
-                    f"| {name} | {mode} | {'yes' if tiered == '1' else 'no'} | {r['first']:.2f} "
-                    f"| {r['compiles']} | {r['compile_s']:.2f} | {r['next'] * 1e3:.1f} "
-                    f"| {r['waited']:.2f} | {r['after'] * 1e3:.1f} |"
+                    f"| {COLD_MODELS[model]} | torch CPU eager | | | {r['first']:.2f} | | "
+                    f"| {r['next'] * 1e3:.1f} | | {r['after'] * 1e3:.1f} |"
                 )
+                continue
+            threads_cell = ""
+            if tiered == "1":
+                threads_cell = threads or f"default ({default_threads})"
+            fallbacks = f" ({r['fallbacks']} CPU fallbacks)" if r["fallbacks"] else ""
+            print(
+                f"| {COLD_MODELS[model]} | {mode} | {'yes' if tiered == '1' else 'no'} "
+                f"| {threads_cell} | {r['first']:.2f} | {r['compiles']}{fallbacks} "
+                f"| {r['compile_s']:.2f} | {r['next'] * 1e3:.1f} | {r['waited']:.2f} "
+                f"| {r['after'] * 1e3:.1f} |"
+            )
 
 
 def main() -> None:
@@ -536,6 +570,11 @@ def main() -> None:
     ap.add_argument("--cache-only", action="store_true", help="only the cold/warm cache runs")
     ap.add_argument("--cold-only", action="store_true", help="only the cold-start runs")
     ap.add_argument(
+        "--cold-models",
+        default=",".join(COLD_MODELS),
+        help=f"comma-separated cold-start models ({', '.join(COLD_MODELS)})",
+    )
+    ap.add_argument(
         "--compiled-only", action="store_true", help="only the compiled training step tables"
     )
     ap.add_argument("--depthwise-only", action="store_true", help="only the depthwise conv table")
@@ -544,8 +583,11 @@ def main() -> None:
         print_cold_vs_warm()
         print_cold_vs_warm("compile")
         return
+    cold_models = tuple(args.cold_models.split(","))
+    if unknown := set(cold_models) - set(COLD_MODELS):
+        ap.error(f"unknown --cold-models: {', '.join(sorted(unknown))}")
     if args.cold_only:
-        print_cold_start()
+        print_cold_start(cold_models)
         return
     if args.compiled_only:
         gen = torch.Generator().manual_seed(0)
@@ -612,7 +654,7 @@ def main() -> None:
     )
     print_cold_vs_warm()
     print_cold_vs_warm("compile")
-    print_cold_start()
+    print_cold_start(cold_models)
 
 
 if __name__ == "__main__":
