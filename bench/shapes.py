@@ -1,7 +1,7 @@
 """Cold start and changing shapes (issue 20): Hugging Face tiny models whose shapes change
 from call to call, each run in a fresh process with an empty compile cache.
 
-    PYTHONPATH=python .venv/bin/python bench/shapes.py [--long 64]
+    PYTHONPATH=python .venv/bin/python bench/shapes.py [--long 64] [--longest 256]
 
 Needs the `transformers` extra; prints a markdown table. Compile counts are exact;
 seconds are rough on a shared machine.
@@ -54,7 +54,8 @@ warm = min(timed(m, ids.to("tpu"))[0] for _ in range(3))
 cpu_s = min(timed(cpu, ids)[0] for _ in range(3))
 same = torch.equal(out.cpu(), timed(cpu, ids)[1])
 print(json.dumps({"compiles": compiles, "per_token": per_token, "cold": cold, "warm": warm,
-                  "cpu": cpu_s, "same": same, "host_ops": sum(torchtpu.metrics()["host_ops"].values())}))
+                  "cpu": cpu_s, "same": same, "host_ops": sum(torchtpu.metrics()["host_ops"].values()),
+                  "bucketed": torchtpu.metrics()["bucketed_calls"]}))
 """
 
 _MIXTRAL = r"""
@@ -114,6 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--short", type=int, default=16, help="new tokens, short generate")
     ap.add_argument("--long", type=int, default=64, help="new tokens, long generate")
+    ap.add_argument("--longest", type=int, default=256, help="new tokens, longest generate")
     ap.add_argument("--mixtral-steps", type=int, default=30)
     args = ap.parse_args()
     try:
@@ -123,23 +125,32 @@ def main() -> None:
         return
     print(
         "\n| GPT-2 tiny `generate` (fresh process, empty cache) | mode | new tokens | compiles "
-        "| compiles per token, last 4 | cold s | warm s | CPU s | warm / CPU | equal to CPU |"
+        "| compiles per token, last 4 | cold s | warm s | CPU s | warm / CPU | equal to CPU "
+        "| bucketed calls |"
     )
-    print("|---|---|---:|---:|---|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---|---:|")
+    off = {"TORCHTPU_EAGER_BUCKETS": "0"}
     for cache, mode, n, env in (
+        ("dynamic", "strict", 8, None),
         ("dynamic", "strict", args.short, None),
         ("dynamic", "strict", args.long, None),
+        ("dynamic", "strict", args.longest, None),
+        ("dynamic", "fused", 8, None),
+        ("dynamic", "fused", args.short, None),
+        ("dynamic", "fused", args.longest, None),
+        ("dynamic", "strict", args.short, off),
+        ("dynamic", "strict", args.long, off),
         ("static", "strict", args.short, None),
         ("static", "strict", args.long, None),
         ("static", "fused", args.short, None),
         ("static", "strict", args.short, {"TORCHTPU_HOST_CHURN": "0"}),
     ):
         r = child(_GENERATE, mode, cache, str(n), env=env)
-        label = f"{cache} cache" + (" (`TORCHTPU_HOST_CHURN=0`)" if env else "")
+        label = f"{cache} cache" + "".join(f" (`{k}={v}`)" for k, v in (env or {}).items())
         print(
             f"| {label} | {mode} | {n} | {r['compiles']} | {r['per_token'][-4:]} "
             f"| {r['cold']:.2f} | {r['warm']:.3f} | {r['cpu']:.3f} "
-            f"| {r['warm'] / r['cpu']:.1f}x | {r['same']} |"
+            f"| {r['warm'] / r['cpu']:.1f}x | {r['same']} | {r['bucketed']} |"
         )
     print(
         "\n| Mixtral tiny training step (MoE routing) | mode | steps after 10 warm-up "
