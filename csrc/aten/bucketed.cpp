@@ -372,8 +372,10 @@ bool writable_out(const at::Tensor& t) {
   if (!t.defined() || !t.device().is_privateuseone()) return false;
   const DeviceStorage& st = device_storage(t.storage());
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  const bool real_part =
+      !st.pending && st.buffer && st.buffer.get() == st.real_of && st.real_bytes == bytes;
   return t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
-         (st.nbytes == bytes || (st.has_value() && st.real_bytes == bytes));
+         (st.nbytes == bytes || real_part);
 }
 
 // A storage grown or shrunk to hold `nbytes` whose whole value is replaced next.
@@ -390,7 +392,9 @@ at::Tensor wrap_capacity(pjrt::BufferPtr buf, const std::vector<int64_t>& sizes,
   const int64_t cap = buf->numel();
   at::Tensor t = wrap_buffer(std::move(buf), {cap}, dtype, device);
   t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  device_storage(t.storage()).real_bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  DeviceStorage& st = device_storage(t.storage());
+  st.real_bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  st.real_of = st.buffer.get();
   return t;
 }
 
@@ -632,6 +636,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
       st.dtype = bufs[k]->dtype();
       st.buffer = std::move(bufs[k]);
       st.real_bytes = static_cast<size_t>(out.numel()) * out.element_size();
+      st.real_of = st.buffer.get();
     } else {
       fresh.push_back(wrap_capacity(std::move(bufs[k]), out_sizes[k], dt, device));
     }

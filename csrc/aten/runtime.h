@@ -69,8 +69,9 @@ struct DeviceStorage {
   // Fused Eager runs calls that read it op by op, so graph keys stay static.
   bool value_sized = false;
   // A bucketed call's result (bucketed.h): bytes of real elements, before the
-  // padding up to the bucket's capacity (0 otherwise).
+  // padding up to the bucket's capacity; valid while `buffer` is `real_of`.
   size_t real_bytes = 0;
+  const void* real_of = nullptr;
   bool has_value() const { return buffer || pending; }
 };
 
