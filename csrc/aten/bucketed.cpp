@@ -188,15 +188,13 @@ class BucketFeed final : public InputFeed {
 class BucketCtx final : public lower::Ctx {
  public:
   BucketCtx(Program& p, const OpInfo& info, const torch::jit::Stack& boxed, CallCtx& real,
-            size_t first, const std::vector<Pos>& pos, const std::vector<uint64_t>& dyn,
-            const SlotOf& slot_of, const CallOutputs& outs, std::optional<OpKind> kind,
-            std::vector<Geo>& geos)
+            const std::vector<Pos>& pos, const std::vector<uint64_t>& dyn, const SlotOf& slot_of,
+            const CallOutputs& outs, std::optional<OpKind> kind, std::vector<Geo>& geos)
       : Ctx(p.b),
         p_(p),
         info_(info),
         boxed_(boxed),
         real_(real),
-        first_(first),
         pos_(pos),
         dyn_(dyn),
         slot_of_(slot_of),
@@ -284,7 +282,6 @@ class BucketCtx final : public lower::Ctx {
   const OpInfo& info_;
   const torch::jit::Stack& boxed_;
   CallCtx& real_;
-  size_t first_;
   const std::vector<Pos>& pos_;
   const std::vector<uint64_t>& dyn_;
   const SlotOf& slot_of_;
@@ -461,18 +458,27 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
     for (const Pos& p : pl.pos)
       if (!c10::isFloatingType(p.t.scalar_type())) return std::nullopt;
 
-  // The exact output sizes (the out= tensors', or the meta kernel's).
-  CallOutputs exact = call_outputs(op, info, s, first, n);
-  for (int r : exact.ret_lists)
-    if (r >= 0) return std::nullopt;  // a Tensor[] return
-  for (size_t k = 0; k < exact.types.size(); ++k) {
-    if (exact.undefined[k]) return std::nullopt;
-    pl.out_sizes.push_back(exact.types[k].shape);
-    for (int64_t z : exact.types[k].shape)
-      if (z == 0) return std::nullopt;
+  // The exact output sizes: the out= tensors' (Strict sized them), else the
+  // meta kernel's (a meta call costs more than the rest of the plan).
+  const bool all_out = !info.ret_alias_arg.empty() &&
+                       std::all_of(info.ret_alias_arg.begin(), info.ret_alias_arg.end(),
+                                   [](int a) { return a >= 0; });
+  if (all_out) {
+    for (int a : info.ret_alias_arg) pl.out_sizes.push_back(s[first + a].toTensor().sizes().vec());
+  } else {
+    CallOutputs exact = call_outputs(op, info, s, first, n);
+    for (int r : exact.ret_lists)
+      if (r >= 0) return std::nullopt;  // a Tensor[] return
+    for (size_t k = 0; k < exact.types.size(); ++k) {
+      if (exact.undefined[k]) return std::nullopt;
+      pl.out_sizes.push_back(exact.types[k].shape);
+    }
   }
+  for (const auto& sizes : pl.out_sizes)
+    for (int64_t z : sizes)
+      if (z == 0) return std::nullopt;
   if (kind->kind == Kind::Cat) {
-    if (pl.list_arg < 0 || exact.types.size() != 1) return std::nullopt;
+    if (pl.list_arg < 0 || pl.out_sizes.size() != 1) return std::nullopt;
     const int64_t rank = static_cast<int64_t>(pl.out_sizes[0].size());
     pl.cat_dim = c10::maybe_wrap_dim(s[first + pl.list_arg + 1].toInt(), rank);
     pl.cat_box = bucket(pl.out_sizes[0][pl.cat_dim]);
@@ -573,7 +579,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
                                              : -1;
       };
       CallCtx real(p, 0, info, s, first, slot_of, outs);
-      BucketCtx ctx(p, info, boxed, real, first, pos, dyn, slot_of, outs, kind, made->geos);
+      BucketCtx ctx(p, info, boxed, real, pos, dyn, slot_of, outs, kind, made->geos);
       std::vector<Value> vals;
       if (kind->kind == Kind::Cat && std::any_of(pos.begin(), pos.end(), [&](const Pos& q) {
             return q.arg == list_arg && (dyn[&q - pos.data()] >> cat_dim & 1);
