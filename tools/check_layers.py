@@ -41,6 +41,7 @@ ATEN_RANKS = (
     ("mode decided", ("dispatch",)),
     ("runners", (
         "strict", "fused", "fused_record", "fused_run", "fused_graph", "copy", "host_ops", "replay",
+        "bucketed",
     )),
     ("program", ("program", "output_meta", "foreach", "op_info")),
     ("launcher", ("launch",)),
