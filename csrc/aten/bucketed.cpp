@@ -128,11 +128,6 @@ std::vector<int64_t> box_of(const at::Tensor& t, uint64_t dyn) {
   return box;
 }
 
-template <typename T>
-void put(std::string& k, const T& v) {
-  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
 // A runtime value of the program: an input's geometry or an output's size.
 struct Geo {
   enum What : uint8_t { Offset, Size, Stride, OutSize } what;

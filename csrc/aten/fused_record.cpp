@@ -27,11 +27,6 @@ using namespace fused;
 
 namespace {
 
-template <typename T>
-void put(std::string& k, const T& v) {
-  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
 const std::string* (*g_location)() = nullptr;
 void (*g_wait)(c10::function_ref<void()>) = nullptr;
 

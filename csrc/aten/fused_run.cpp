@@ -61,11 +61,6 @@ std::string node_name(const Node& n) {
 
 namespace {
 
-template <typename T>
-void put(std::string& k, const T& v) {
-  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
 // A feature that is on unless `name` is "0".
 bool env_default_on(const char* name) {
   const char* v = std::getenv(name);

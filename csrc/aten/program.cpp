@@ -24,11 +24,6 @@ using lower::to_dtype;
 
 namespace {
 
-template <typename T>
-void put(std::string& k, const T& v) {
-  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
 void key_tensor(std::string& k, const at::Tensor& t, std::vector<DeviceStorage*>& slots,
                 bool host_ok = false) {
   if (!t.defined()) {

@@ -210,6 +210,12 @@ std::shared_ptr<ProgramEntry> compile_call(const c10::OperatorHandle& op, const 
                                            const torch::jit::Stack& args, size_t first, size_t n,
                                            std::vector<DeviceStorage*>& storages);
 
+// Appends v's bytes to a cache key.
+template <typename T>
+void put(std::string& k, const T& v) {
+  k.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
 // A call on the stack and its structural cache key: op, attributes, tensor
 // metadata, storages numbered by first use; Scalars are keyed by kind. Throws
 // the error of a failed fused graph that should have produced an argument.
