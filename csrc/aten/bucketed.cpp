@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "aten/host_ops.h"
+#include "aten/strict.h"
 #include "lower/helpers.h"
 #include "lower/types.h"
 
@@ -150,30 +151,6 @@ int64_t geo_value(const Geo& g, const torch::jit::Stack& stack, size_t first,
     default: return t.stride(g.dim);
   }
 }
-
-class BucketFeed final : public InputFeed {
- public:
-  BucketFeed(const CallKey& call, const torch::jit::Stack& stack, std::vector<int64_t> extras,
-             int device)
-      : call_(call), stack_(stack), extras_(std::move(extras)), device_(device) {}
-  pjrt::BufferPtr storage(int slot) override { return call_.storages[slot]->buffer; }
-  pjrt::BufferPtr host(const InputSource& in) override {
-    return host_input(stack_[call_.first + in.index], in.sub, device_);
-  }
-  void rng(const InputSource&, uint64_t[2]) override {
-    TORCH_INTERNAL_ASSERT(false, "[tpu] bucketed calls draw no random numbers");
-  }
-  c10::Scalar scalar(const ScalarSource& s) override {
-    if (s.extra) return extras_[s.sub];
-    return scalar_of(stack_[call_.first + s.index], s.sub);
-  }
-
- private:
-  const CallKey& call_;
-  const torch::jit::Stack& stack_;
-  std::vector<int64_t> extras_;
-  int device_;
-};
 
 // What a rule sees of a bucketed call: the arguments with each bucketed
 // tensor replaced by a meta tensor of its box, whose value is a gather of the
@@ -615,7 +592,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   extras.reserve(entry->geos.size());
   for (const Geo& g : entry->geos) extras.push_back(geo_value(g, s, first, out_sizes));
   const int device = call.storages[0]->device;
-  BucketFeed feed(call, s, std::move(extras), device);
+  StackFeed feed(*entry, call, s, device, std::move(extras));
   std::vector<pjrt::BufferPtr> bufs;
   {
     TraceScope trace([&] { return "torchtpu::execute aten::" + info.name + " (bucketed)"; });

@@ -56,33 +56,6 @@ void debug_index_checks(const OpInfo& info, const torch::jit::Stack& args, size_
   }
 }
 
-// A Strict call's program inputs come from its stack and storages.
-class StackFeed final : public InputFeed {
- public:
-  StackFeed(const ProgramEntry& e, const CallKey& call, const torch::jit::Stack& stack, int device)
-      : e_(e), call_(call), stack_(stack), device_(device) {}
-  pjrt::BufferPtr storage(int slot) override {
-    // The key records which storages were unwritten; those never become inputs.
-    TORCH_INTERNAL_ASSERT(call_.storages[slot]->buffer);
-    return call_.storages[slot]->buffer;
-  }
-  pjrt::BufferPtr host(const InputSource& in) override {
-    return host_input(stack_[call_.first + in.index], in.sub, device_);
-  }
-  void rng(const InputSource&, uint64_t state[2]) override {
-    philox_take(find_generator(stack_, call_.first, call_.n), device_, e_.rng_numel, state);
-  }
-  c10::Scalar scalar(const ScalarSource& s) override {
-    return scalar_of(stack_[call_.first + s.index], s.sub);
-  }
-
- private:
-  const ProgramEntry& e_;
-  const CallKey& call_;
-  const torch::jit::Stack& stack_;
-  int device_;
-};
-
 // Installs the outputs: new buffers of written storages, fresh tensors, and
 // the op's returns (aliased arguments for in-place/out= ops) on the stack.
 void push_results(const ProgramEntry& entry, const OpInfo& info,
@@ -106,6 +79,29 @@ void push_results(const ProgramEntry& entry, const OpInfo& info,
 }
 
 }  // namespace
+
+StackFeed::StackFeed(const ProgramEntry& e, const CallKey& call, const torch::jit::Stack& stack,
+                     int device, std::vector<int64_t> extras)
+    : e_(e), call_(call), stack_(stack), device_(device), extras_(std::move(extras)) {}
+
+pjrt::BufferPtr StackFeed::storage(int slot) {
+  // The key records which storages were unwritten; those never become inputs.
+  TORCH_INTERNAL_ASSERT(call_.storages[slot]->buffer);
+  return call_.storages[slot]->buffer;
+}
+
+pjrt::BufferPtr StackFeed::host(const InputSource& in) {
+  return host_input(stack_[call_.first + in.index], in.sub, device_);
+}
+
+void StackFeed::rng(const InputSource&, uint64_t state[2]) {
+  philox_take(find_generator(stack_, call_.first, call_.n), device_, e_.rng_numel, state);
+}
+
+c10::Scalar StackFeed::scalar(const ScalarSource& s) {
+  if (s.extra) return extras_.at(s.sub);
+  return scalar_of(stack_[call_.first + s.index], s.sub);
+}
 
 void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
   CallKey call = key_call(op, info, *stack);
