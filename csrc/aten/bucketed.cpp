@@ -136,8 +136,7 @@ struct Geo {
 };
 
 struct BucketEntry : ProgramEntry {
-  std::vector<Geo> geos;                      // the extra scalars, in pack order
-  std::vector<std::vector<int64_t>> out_box;  // per output
+  std::vector<Geo> geos;  // the extra scalars, in pack order
 };
 
 int64_t geo_value(const Geo& g, const torch::jit::Stack& stack, size_t first,
@@ -161,7 +160,7 @@ class BucketCtx final : public lower::Ctx {
  public:
   BucketCtx(Program& p, const OpInfo& info, const torch::jit::Stack& boxed, CallCtx& real,
             const std::vector<Pos>& pos, const std::vector<uint64_t>& dyn, const SlotOf& slot_of,
-            const CallOutputs& outs, std::optional<OpKind> kind, std::vector<Geo>& geos)
+            const CallOutputs& outs, OpKind kind, std::vector<Geo>& geos)
       : Ctx(p.b),
         p_(p),
         info_(info),
@@ -180,7 +179,7 @@ class BucketCtx final : public lower::Ctx {
   int num_outputs() const override { return static_cast<int>(outs_.types.size()); }
   const std::string& op_name() const override { return info_.name; }
   Value in(int i) override {
-    if (int k = find(i, -1); k >= 0) return gather(k, kind_->kind != Kind::Pointwise);
+    if (int k = find(i, -1); k >= 0) return gather(k, kind_.kind != Kind::Pointwise);
     return real_.in(i);
   }
   std::vector<Value> list(int i) override {
@@ -241,7 +240,7 @@ class BucketCtx final : public lower::Ctx {
       idx = b.binary("add", idx, b.binary("multiply", i, b.broadcast_in_dim(stride, box, {})));
     }
     Value v = b.gather_flat(flat, idx);
-    if (keep.valid()) v = b.select(keep, v, b.splat(kind_->neutral, v.type));
+    if (keep.valid()) v = b.select(keep, v, b.splat(kind_.neutral, v.type));
     return v;
   }
 
@@ -258,7 +257,7 @@ class BucketCtx final : public lower::Ctx {
   const std::vector<uint64_t>& dyn_;
   const SlotOf& slot_of_;
   const CallOutputs& outs_;
-  std::optional<OpKind> kind_;
+  OpKind kind_;
   std::vector<Geo>& geos_;
 };
 
@@ -460,18 +459,13 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
 
 }  // namespace
 
-bool wants_bucketing(const c10::OperatorHandle& op, const OpInfo& info,
-                     const torch::jit::Stack& stack, const CallKey& call) {
-  return plan_call(op, info, stack, call).has_value();
-}
-
 bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                  const CallKey& call) {
+                  const CallKey& call, c10::function_ref<bool()> before) {
   torch::jit::Stack& s = *stack;
   std::optional<Plan> plan = plan_call(op, info, s, call);
-  if (!plan) return false;
+  if (!plan || (before && !before())) return false;
   const size_t first = call.first, n = call.n;
-  const std::optional<OpKind> kind = plan->kind;
+  const OpKind kind = plan->kind;
   const std::vector<bool>& is_out = plan->is_out;
   const std::vector<Pos>& pos = plan->pos;
   const std::vector<uint64_t>& dyn = plan->dyn;
@@ -541,7 +535,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
       for (size_t i = 0; i < n; ++i)
         if (is_out[i]) boxed[i] = at::empty({0}, boxed[i].toTensor().options().device(c10::kMeta));
       CallOutputs outs = call_outputs(op, info, boxed, 0, n);
-      if (kind->kind == Kind::Cat) outs.types[0].shape[cat_dim] = cat_box;
+      if (kind.kind == Kind::Cat) outs.types[0].shape[cat_dim] = cat_box;
       made->ret_lists = outs.ret_lists;
       Program p;
       for (DeviceStorage* st : call.storages) p.add_slot({st->has_value(), st->dtype, st->nbytes});
@@ -553,7 +547,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
       CallCtx real(p, 0, info, s, first, slot_of, outs);
       BucketCtx ctx(p, info, boxed, real, pos, dyn, slot_of, outs, kind, made->geos);
       std::vector<Value> vals;
-      if (kind->kind == Kind::Cat && std::any_of(pos.begin(), pos.end(), [&](const Pos& q) {
+      if (kind.kind == Kind::Cat && std::any_of(pos.begin(), pos.end(), [&](const Pos& q) {
             return q.arg == list_arg && (dyn[&q - pos.data()] >> cat_dim & 1);
           })) {
         vals.push_back(lower_cat(ctx, pos, dyn, list_arg, cat_dim, outs.types[0]));
@@ -565,7 +559,6 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
       std::vector<Value> results;
       for (size_t k = 0; k < vals.size(); ++k) {
         Value v = lower::coerce(p.b, vals[k], outs.types[k]);
-        made->out_box.push_back(outs.types[k].shape);
         const int a = k < info.ret_alias_arg.size() ? info.ret_alias_arg[k] : -1;
         std::vector<int64_t> perm(v.rank());
         for (int64_t d = 0; d < v.rank(); ++d) perm[d] = d;
@@ -585,9 +578,6 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
       return false;
     }
   }
-  for (size_t k = 0; k < entry->out_box.size(); ++k)
-    if (entry->out_box[k].size() != out_sizes[k].size()) return false;
-
   std::vector<int64_t> extras;
   extras.reserve(entry->geos.size());
   for (const Geo& g : entry->geos) extras.push_back(geo_value(g, s, first, out_sizes));

@@ -10,6 +10,7 @@
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/FunctionRef.h>
 
 #include "aten/op_info.h"
 #include "aten/program.h"
@@ -21,12 +22,10 @@ namespace torchtpu::aten {
 // (pointwise, sums/max/min, softmax, mm/bmm, cat), its outputs are fresh and
 // some input dim has changed size since the op's first call of this
 // structure; else returns false (and nothing ran).
+// `before` runs once the call qualifies, before its storages are read, and
+// may hand it back by returning false (Fused Eager cuts its graph there, so
+// the graphs around such calls keep static keys).
 bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                  const CallKey& call);
-// Whether run_bucketed would run this call bucketed (Fused Eager hands such
-// calls to Strict after a cut, so its graphs keep static keys). Notes the
-// call's sizes as run_bucketed does.
-bool wants_bucketing(const c10::OperatorHandle& op, const OpInfo& info,
-                     const torch::jit::Stack& stack, const CallKey& call);
+                  const CallKey& call, c10::function_ref<bool()> before = nullptr);
 
 }  // namespace torchtpu::aten

@@ -8,6 +8,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -167,12 +168,19 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     if (info.is_out && resize_outs(op, info, *stack, first, n, key))
       return fused_record(op, info, stack);
     if (run_on_host_if_churning(op, info, stack, first, n, storages, key)) return;
-    // Sizes that keep changing run bucketed op by op; the graphs around them
-    // keep their keys.
-    if (wants_bucketing(op, info, *stack, call)) {
+    // Sizes that keep changing run op by op after a cut, bucketed; the graphs
+    // around them keep their keys. Strict runs the call instead when it has an
+    // exact program for it, or raises the error of a graph the cut ran.
+    bool cut = false;
+    auto cut_here = [&] {
       flush_locked(g, "bucketed");
-      return strict_run(op, info, stack);
-    }
+      cut = true;
+      return find_program(key) == nullptr &&
+             std::none_of(storages.begin(), storages.end(),
+                          [](const DeviceStorage* st) { return st->error != nullptr; });
+    };
+    if (run_bucketed(op, info, stack, call, cut_here)) return;
+    if (cut) return strict_run(op, info, stack);
     tmpl = make_template(op, info, *stack, first, n, storages);
     g.templates.emplace(key, tmpl);
   }
