@@ -1,4 +1,4 @@
-// Fused Eager: ops are recorded into one graph per process (output metadata
+// Fused Eager: ops are recorded into one graph per device (output metadata
 // computed at once) and run as one cached program at cut points. The
 // recorder (fused_record.cpp) builds the graph, the policy (csrc/graph) says
 // where to cut, and the runner (fused_run.cpp) lowers, compiles and launches.
@@ -18,8 +18,20 @@ namespace torchtpu::aten {
 
 // Records one op call (Mode::Fused): pushes its returns, computes nothing.
 void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack);
-// Runs the recorded graph, if any; `reason` is counted per cut.
+// Runs the recorded graphs (one per device), if any; `reason` is counted per
+// cut. Graphs of devices where another thread rank records are left to it.
 void fused_flush(const char* reason);
+// Runs device `device`'s graph, if any.
+void fused_flush_device(int device, const char* reason);
+// A thread rank records on `device` (tpu_local, while its backend lives):
+// other threads' fused_flush leave that device's graph to it.
+void set_rank_device(int device, bool on);
+bool rank_device(int device);
+// SPMD mode (TORCHTPU_SPMD=1, torchtpu.distributed.spmd): thread ranks record
+// their collectives into their graphs (dist/local.h); on their devices,
+// calls never run on the host or bucketed, so every rank records the same.
+bool spmd_mode();
+void set_spmd_mode(bool on);
 // Runs the graph when it involves `st`, so that its buffer is current and
 // direct reads and writes of it are safe. Throws the error of a failed graph.
 // `write`: the caller replaces the buffer (else it only reads it).
@@ -42,5 +54,8 @@ const std::string* caller_location();
 // with the GIL held (DTensor's dispatch) would otherwise deadlock with a
 // graph owner that needs the GIL (a Python kernel, caller_location).
 void set_wait_hook(void (*hook)(c10::function_ref<void()> wait));
+// Runs `wait` through that hook (a rank of a replicated program waiting for
+// the others, which may need the GIL to get there).
+void run_without_gil(c10::function_ref<void()> wait);
 
 }  // namespace torchtpu::aten

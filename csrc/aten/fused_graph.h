@@ -47,6 +47,12 @@ struct Template {
   std::vector<std::pair<int, DType>> writes;
 };
 
+// torchtpu::spmd_collective (a collective recorded by SPMD mode).
+inline bool is_spmd_op(const c10::OperatorHandle& op) {
+  static const c10::OperatorName name("torchtpu::spmd_collective", "");
+  return op.operator_name() == name;
+}
+
 struct Node {
   c10::OperatorHandle op;
   const OpInfo* info;
@@ -79,6 +85,7 @@ struct FlushCapture {
   std::vector<char> rng_generator;          // per argument: drawn from an explicit generator
   std::vector<DeviceStorage*> out_storage;  // per result: the storage it became (null: none)
   std::vector<char> out_fresh;              // per result: a storage made during the graph
+  bool replicated = false;                  // a program held SPMD collectives
 };
 
 struct Graph {
@@ -87,20 +94,25 @@ struct Graph {
   std::vector<Node> nodes;
   std::vector<GraphSlot> slots;
   std::unordered_map<const DeviceStorage*, int> slot_of;
-  std::string key;  // "F" + per call: its key and the graph slots of its storages
-  int device = 0;
+  std::string key;       // "F" + per call: its key and the graph slots of its storages
+  int device = 0;        // every call of this graph runs here (one graph per device)
+  bool counted = false;  // counted in g_nonempty
+  // The group of the SPMD collectives recorded (a replica group tag), or -1:
+  // such a graph runs as one replicated program with the group's other ranks.
+  int64_t spmd_group = -1;
   int64_t live_pending = 0;  // live storages whose value the graph holds
   graph::LoopDetector loop;
   uint64_t prefix = 0;              // hash of the calls recorded so far
   std::vector<uint64_t> prefix_at;  // per node: `prefix` before it
   graph::ReadAhead read_ahead;
   bool ahead = false;  // the last cut was a read-ahead cut; the read is still to come
-  std::unordered_map<std::string, std::shared_ptr<const Template>> templates;
-  std::map<std::string, int64_t> cuts;
 };
 
-// Leaked: storages may die after static destructors run.
-Graph& graph();
+// Device `device`'s graph. Leaked: storages may die after static
+// destructors run.
+Graph& graph(int device);
+// The graphs made so far, by device.
+std::vector<Graph*> graphs();
 
 // Holds `g.mu`. A thread that must wait for it waits through the bindings'
 // wait hook (set_wait_hook), without Python's GIL.
@@ -111,7 +123,12 @@ class GraphLock {
  private:
   std::unique_lock<std::recursive_mutex> lock_;
 };
-extern std::atomic<bool> g_nonempty;
+// How many graphs hold calls (0: nothing to flush, checked without locks).
+extern std::atomic<int> g_nonempty;
+
+// Counts a cut by `reason` (metrics()["fused_cuts"]); its own lock, so the
+// report never waits for a graph (a rank's may wait for the other ranks).
+void count_cut(const std::string& reason);
 
 // Runs the graph (see fused_run.cpp); with `target`, the calls the host's
 // read of that slot needs run first.

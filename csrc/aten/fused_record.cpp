@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 
 #include "aten/bucketed.h"
 #include "aten/events.h"
@@ -128,18 +129,50 @@ std::shared_ptr<const Template> make_template(const c10::OperatorHandle& op, con
   return t;
 }
 
+// Templates by call key, shared by every device's graph.
+std::mutex g_templates_mu;
+std::unordered_map<std::string, std::shared_ptr<const Template>> g_templates;
+
+std::shared_ptr<const Template> find_template(const std::string& key) {
+  std::lock_guard<std::mutex> lock(g_templates_mu);
+  auto it = g_templates.find(key);
+  return it == g_templates.end() ? nullptr : it->second;
+}
+
+void add_template(const std::string& key, std::shared_ptr<const Template> t) {
+  std::lock_guard<std::mutex> lock(g_templates_mu);
+  g_templates.emplace(key, std::move(t));
+}
+
+std::atomic<bool> g_spmd{[] {
+  const char* v = std::getenv("TORCHTPU_SPMD");
+  return v && *v && std::string(v) != "0";
+}()};
+
 }  // namespace
+
+bool spmd_mode() { return g_spmd; }
+void set_spmd_mode(bool on) { g_spmd = on; }
 
 void set_location_hook(const std::string* (*hook)()) { g_location = hook; }
 const std::string* caller_location() { return g_location ? g_location() : nullptr; }
 void set_wait_hook(void (*hook)(c10::function_ref<void()>)) { g_wait = hook; }
+void run_without_gil(c10::function_ref<void()> wait) {
+  if (g_wait)
+    g_wait(wait);
+  else
+    wait();
+}
+
+// The replica group tag of a torchtpu::spmd_collective call, else -1.
+static int64_t spmd_group_of(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                             size_t first) {
+  return is_spmd_op(op) ? stack[first + 5].toInt() : -1;
+}
 
 fused::GraphLock::GraphLock(Graph& g) : lock_(g.mu, std::try_to_lock) {
   if (lock_.owns_lock()) return;
-  if (g_wait)
-    g_wait([this] { lock_.lock(); });
-  else
-    lock_.lock();
+  run_without_gil([this] { lock_.lock(); });
 }
 
 void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
@@ -149,25 +182,34 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   const std::string& key = call.key;
   // Values whose sizes came from tensor values run op by op (host_ops.h),
   // after everything recorded before them.
+  const int device = storages.empty() ? current_device() : storages[0]->device;
   if (value_sized_call(storages)) {
     // Inside nonzero & co. the cut is the data-dependent read's own.
-    fused_flush(in_value_sized_scope() ? "data_dependent" : "value_sized");
+    fused_flush_device(device, in_value_sized_scope() ? "data_dependent" : "value_sized");
     return strict_run(op, info, stack);
   }
+  // A value another device's graph still owes (a copy across devices) is
+  // computed first; before this graph's lock, so two graphs never wait on
+  // each other.
+  for (const DeviceStorage* st : storages)
+    if (st->pending && st->device != device) fused_sync(*st, "device_switch");
 
-  Graph& g = graph();
+  Graph& g = graph(device);
   GraphLock lock(g);
-  const int device = storages.empty() ? current_device() : storages[0]->device;
-  if (!g.nodes.empty() && device != g.device) flush_locked(g, "device_switch");
+  // One program runs one group's SPMD collectives.
+  const int64_t spmd = spmd_group_of(op, *stack, first);
+  if (spmd >= 0 && g.spmd_group >= 0 && spmd != g.spmd_group) flush_locked(g, "spmd_group");
 
-  std::shared_ptr<const Template> tmpl;
-  if (auto it = g.templates.find(key); it != g.templates.end()) {
-    tmpl = it->second;
-  } else {
+  std::shared_ptr<const Template> tmpl = find_template(key);
+  if (!tmpl) {
     // out= tensors of the wrong size are resized first (then the key changes).
     if (info.is_out && resize_outs(op, info, *stack, first, n, key))
       return fused_record(op, info, stack);
-    if (run_on_host_if_churning(op, info, stack, first, n, storages, key)) return;
+    // A collective runs on the devices, at its own sizes.
+    // Nor do calls of SPMD ranks: those heuristics count calls process-wide,
+    // so ranks would decide differently and their programs differ.
+    const bool same_on_ranks = spmd >= 0 || (spmd_mode() && rank_device(device));
+    if (!same_on_ranks && run_on_host_if_churning(op, info, stack, first, n, storages, key)) return;
     // Sizes that keep changing run op by op after a cut, bucketed; the graphs
     // around them keep their keys. Strict runs the call instead when it has an
     // exact program for it, or raises the error of a graph the cut ran.
@@ -179,10 +221,10 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
              std::none_of(storages.begin(), storages.end(),
                           [](const DeviceStorage* st) { return st->error != nullptr; });
     };
-    if (run_bucketed(op, info, stack, call, cut_here)) return;
+    if (!same_on_ranks && run_bucketed(op, info, stack, call, cut_here)) return;
     if (cut) return strict_run(op, info, stack);
     tmpl = make_template(op, info, *stack, first, n, storages);
-    g.templates.emplace(key, tmpl);
+    add_template(key, tmpl);
   }
 
   const uint64_t h = std::hash<std::string>{}(key);
@@ -199,7 +241,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
       flush_locked(g, "size_cap");
     }
   }
-  g.device = device;
+  if (spmd >= 0) g.spmd_group = spmd;
 
   Node node{op, &info};
   node.tmpl = tmpl;
@@ -254,11 +296,14 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     }
   }
   g.nodes.push_back(std::move(node));
-  g_nonempty = true;
+  if (!g.counted) {
+    g.counted = true;
+    g_nonempty++;
+  }
   metrics().fused_ops++;
 
   if (auto cut = g.loop.recorded(h, live_before)) {
-    g.cuts["loop_detected"]++;
+    count_cut("loop_detected");
     if (debug_fusion())
       std::fprintf(stderr, "[tpu fused] loop of %zu ops detected after %zu ops; cut before %s\n",
                    cut->period, g.nodes.size(), g.nodes[cut->at].info->name.c_str());
@@ -274,7 +319,7 @@ bool in_compiled_graph() { return t_compiled_graph; }
 
 bool fused_holds(const DeviceStorage& st) {
   if (!g_nonempty) return false;
-  Graph& g = graph();
+  Graph& g = graph(st.device);
   GraphLock lock(g);
   return g.slot_of.count(&st) > 0;
 }
@@ -284,7 +329,7 @@ namespace {
 // A storage died, so its pending value is no program output.
 void storage_freed(DeviceStorage* st) {
   if (!g_nonempty) return;
-  Graph& g = graph();
+  Graph& g = graph(st->device);
   GraphLock lock(g);
   auto it = g.slot_of.find(st);
   if (it == g.slot_of.end()) return;

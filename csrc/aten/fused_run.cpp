@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,11 +32,36 @@ bool debug_fusion() {
   return on;
 }
 
-Graph& graph() {
-  static auto* g = new Graph();
+namespace {
+constexpr int kMaxGraphs = 256;
+std::array<std::atomic<Graph*>, kMaxGraphs> g_graphs{};
+std::mutex g_graphs_mu;
+// Per device: thread ranks recording there (set_rank_device).
+std::array<std::atomic<int>, kMaxGraphs> g_rank_devices{};
+}  // namespace
+
+Graph& graph(int device) {
+  TORCH_CHECK(device >= 0 && device < kMaxGraphs, "[tpu] device index ", device,
+              " out of range for Fused Eager (at most ", kMaxGraphs, " devices)");
+  if (Graph* g = g_graphs[device].load(std::memory_order_acquire)) return *g;
+  std::lock_guard<std::mutex> lock(g_graphs_mu);
+  Graph* g = g_graphs[device].load(std::memory_order_acquire);
+  if (!g) {
+    g = new Graph();
+    g->device = device;
+    g_graphs[device].store(g, std::memory_order_release);
+  }
   return *g;
 }
-std::atomic<bool> g_nonempty{false};
+
+std::vector<Graph*> graphs() {
+  std::vector<Graph*> all;
+  for (auto& g : g_graphs)
+    if (Graph* p = g.load(std::memory_order_acquire)) all.push_back(p);
+  return all;
+}
+
+std::atomic<int> g_nonempty{0};
 
 void clear(Graph& g) {
   for (GraphSlot& s : g.slots)
@@ -48,7 +74,11 @@ void clear(Graph& g) {
   g.prefix = 0;
   g.prefix_at.clear();
   g.live_pending = 0;
-  g_nonempty = false;
+  g.spmd_group = -1;
+  if (g.counted) {
+    g.counted = false;
+    g_nonempty--;
+  }
 }
 
 std::string node_name(const Node& n) {
@@ -197,16 +227,42 @@ class GraphFeed final : public InputFeed {
   const std::vector<int>& order_;
 };
 
+std::vector<pjrt::BufferPtr> run_chunked(Graph& g, const std::vector<int>& order,
+                                         const std::vector<int>& outs, const std::string& key,
+                                         size_t& failed);
+
+// "3 ops holding all_reduce(sum) Float[24], all_gather BFloat16[8]": what the
+// ranks compare of a program with SPMD collectives.
+std::string describe_spmd(const Graph& g, const std::vector<int>& order) {
+  std::string s = std::to_string(order.size()) + (order.size() == 1 ? " op" : " ops");
+  const char* sep = " holding ";
+  for (int i : order) {
+    const Node& n = g.nodes[i];
+    if (!is_spmd_op(n.op)) continue;
+    const std::string& reduce = n.args[2].toStringRef();
+    const TensorDesc& d = n.descs.at(0);
+    s += sep + n.args[1].toStringRef() + (reduce.empty() ? "" : "(" + reduce + ")") + " " +
+         c10::toString(d.dtype) + c10::str(c10::IntArrayRef(d.sizes));
+    if (n.where) s += " at " + *n.where;
+    sep = ", ";
+  }
+  return s;
+}
+
 // Runs the calls `order` as one program (cached under `key`, which the output
 // list and donations extend) and returns its result buffers, one per `outs`.
+// `chunk`: a piece of a graph the ranks disagreed on (run_chunked).
 std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
                                       const std::vector<int>& outs, std::string key, bool& hit,
-                                      size_t& failed) {
+                                      size_t& failed, bool chunk = false) {
+  const std::string base = key;
   key.push_back('|');
   for (int o : outs) {
     GraphSlot& s = g.slots[o];
-    s.state.donate = donation() && s.st && s.captured && s.captured.use_count() == 2 &&
-                     s.st->buffer == s.captured;
+    // Not with SPMD collectives: every rank must build the same program, and
+    // a rank's references to a buffer are its own.
+    s.state.donate = donation() && g.spmd_group < 0 && s.st && s.captured &&
+                     s.captured.use_count() == 2 && s.st->buffer == s.captured;
     put(key, static_cast<int32_t>(o));
     put(key, s.state.donate);
   }
@@ -217,6 +273,7 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
   } else {
     TraceScope trace("torchtpu::compile fused_graph", static_cast<int64_t>(order.size()));
     auto made = build(g, order, outs, failed);
+    made->replica_single = order.size() == 1 && is_spmd_op(g.nodes[order[0]].op);
     count_program("fused graph of " + std::to_string(order.size()) +
                   " ops: aten::" + g.nodes[order.front()].info->name +
                   " .. aten::" + g.nodes[order.back()].info->name);
@@ -228,6 +285,7 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
   std::vector<pjrt::BufferPtr> inputs = gather_inputs(*entry, feed, g.device);
   if (FlushCapture* c = g.capture) {
     c->parts++;
+    c->replicated = c->replicated || entry->replica_group >= 0;
     c->entry = entry;
     c->inputs = inputs;
     c->in_storage.assign(inputs.size(), nullptr);
@@ -254,7 +312,18 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
       c->out_fresh.push_back(g.slots[o].state.produced || !g.slots[o].state.has_value);
     }
   }
-  std::vector<pjrt::BufferPtr> results = launch(*entry, inputs, g.device);
+  std::vector<pjrt::BufferPtr> results;
+  for (;;) {
+    try {
+      results = launch(*entry, inputs, g.device, [&] { return describe_spmd(g, order); });
+      break;
+    } catch (const ProgramsDiffer&) {
+      if (!chunk) return run_chunked(g, order, outs, base, failed);
+      // A rank still brought a whole graph: it runs it in pieces too, so this
+      // piece meets it again.
+      if (!entry->replica_single) throw;
+    }
+  }
   metrics().fused_graphs++;
   metrics().fused_outputs += static_cast<int64_t>(results.size());
   return results;
@@ -270,6 +339,43 @@ std::vector<int> outputs_of(const Graph& g, const std::vector<int>& order,
   for (size_t s = 0; s < w.size(); ++s)
     if (w[s] && (g.slots[s].st || (also && (*also)[s]))) outs.push_back(static_cast<int>(s));
   return outs;
+}
+
+// The ranks' programs for `order` differ (a rank recorded calls of its own
+// between collectives): the calls run in pieces, each SPMD collective a
+// program of its own, so the ranks meet on the collectives alone. A piece's
+// results become the slots' values the later pieces read.
+std::vector<pjrt::BufferPtr> run_chunked(Graph& g, const std::vector<int>& order,
+                                         const std::vector<int>& outs, const std::string& key,
+                                         size_t& failed) {
+  count_cut("spmd_programs_differ");
+  std::vector<std::vector<int>> chunks;
+  for (int i : order) {
+    const bool coll = is_spmd_op(g.nodes[i].op);
+    if (coll || chunks.empty() || is_spmd_op(g.nodes[chunks.back().back()].op))
+      chunks.emplace_back();
+    chunks.back().push_back(i);
+  }
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    std::vector<char> later(g.slots.size(), 0);
+    for (int o : outs) later[o] = 1;
+    for (size_t d = c + 1; d < chunks.size(); ++d)
+      for (int i : chunks[d]) for_reads(g.nodes[i], [&](int s) { later[s] = 1; });
+    const std::vector<int> piece_outs = outputs_of(g, chunks[c], &later);
+    std::string piece_key = key + "|piece";
+    put(piece_key, static_cast<int32_t>(chunks[c].front()));
+    put(piece_key, static_cast<int32_t>(chunks[c].back()));
+    bool hit = false;
+    auto results = run_part(g, chunks[c], piece_outs, piece_key, hit, failed, /*chunk=*/true);
+    for (size_t k = 0; k < results.size(); ++k) {
+      GraphSlot& s = g.slots[piece_outs[k]];
+      s.state = SlotState{true, results[k]->dtype(), s.state.nbytes};
+      s.captured = std::move(results[k]);
+    }
+  }
+  std::vector<pjrt::BufferPtr> results;
+  for (int o : outs) results.push_back(g.slots[o].captured);
+  return results;
 }
 
 }  // namespace
@@ -288,7 +394,7 @@ void flush_locked(Graph& g, const char* reason, int target) {
   TraceScope trace([&] { return std::string("torchtpu::fused_flush ") + reason; },
                    static_cast<int64_t>(g.nodes.size()));
   auto t0 = std::chrono::steady_clock::now();
-  g.cuts[reason]++;
+  count_cut(reason);
   g.ahead = false;
   const size_t n_nodes = g.nodes.size();
   std::vector<int> first, rest;
@@ -336,7 +442,7 @@ void flush_locked(Graph& g, const char* reason, int target) {
     assign(outs, results, &written_by_rest);
     n_outs = outs.size();
     if (!rest.empty()) {
-      g.cuts[std::string(reason) + "+rest"]++;
+      count_cut(std::string(reason) + "+rest");
       outs = outputs_of(g, rest);
       n_outs += outs.size();
       put(key, static_cast<int32_t>(target));
@@ -352,12 +458,15 @@ void flush_locked(Graph& g, const char* reason, int target) {
                       " ops (cut by " + reason + ") failed";
     if (failed < n_nodes) msg += " while lowering " + node_name(g.nodes[failed]);
     msg += ": ";
-    msg += ex.what();
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&ex);
+    msg += c10_error ? c10_error->what_without_backtrace() : ex.what();
     if (!debug_fusion()) msg += " (TORCHTPU_DEBUG_FUSION=1 records the Python line of each op)";
     auto err = std::make_shared<const std::string>(msg);
     for (GraphSlot& s : g.slots)
       if (s.st && s.st->pending) s.st->error = err;
     clear(g);
+    // A collective's failure stays one, as torch's own backends raise it.
+    if (dynamic_cast<const c10::DistBackendError*>(&ex)) C10_THROW_ERROR(DistBackendError, msg);
     TORCH_CHECK(false, msg);
   }
   if (debug_fusion()) {
@@ -378,15 +487,35 @@ void flush_locked(Graph& g, const char* reason, int target) {
 
 void fused_flush(const char* reason) {
   if (!g_nonempty) return;
-  Graph& g = graph();
+  const int here = current_device();
+  for (Graph* g : graphs()) {
+    // Another thread rank's graph: it cuts where its own rank's code does, so
+    // every rank of an SPMD program cuts at the same calls.
+    if (g->device != here && rank_device(g->device)) continue;
+    GraphLock lock(*g);
+    flush_locked(*g, reason);
+  }
+}
+
+void fused_flush_device(int device, const char* reason) {
+  if (!g_nonempty) return;
+  Graph& g = graph(device);
   GraphLock lock(g);
   flush_locked(g, reason);
+}
+
+void set_rank_device(int device, bool on) {
+  if (device >= 0 && device < kMaxGraphs) g_rank_devices[device] += on ? 1 : -1;
+}
+
+bool rank_device(int device) {
+  return device >= 0 && device < kMaxGraphs && g_rank_devices[device] > 0;
 }
 
 void fused_sync(const DeviceStorage& st, const char* reason, bool write) {
   if (st.error) TORCH_CHECK(false, *st.error);
   if (!g_nonempty) return;
-  Graph& g = graph();
+  Graph& g = graph(st.device);
   GraphLock lock(g);
   if (!write && !st.pending) {
     // The value was computed ahead of its read; the read still ends the graph,
@@ -400,10 +529,19 @@ void fused_sync(const DeviceStorage& st, const char* reason, bool write) {
   if (st.error) TORCH_CHECK(false, *st.error);
 }
 
+namespace {
+std::mutex g_cuts_mu;
+std::map<std::string, int64_t> g_cuts;
+}  // namespace
+
+void fused::count_cut(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(g_cuts_mu);
+  g_cuts[reason]++;
+}
+
 std::vector<std::pair<std::string, int64_t>> fused_cut_report() {
-  Graph& g = graph();
-  GraphLock lock(g);
-  return {g.cuts.begin(), g.cuts.end()};
+  std::lock_guard<std::mutex> lock(g_cuts_mu);
+  return {g_cuts.begin(), g_cuts.end()};
 }
 
 }  // namespace torchtpu::aten

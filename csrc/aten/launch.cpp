@@ -306,9 +306,34 @@ void compile_program(const std::string& mlir, Launchable& entry) {
 
 void wait_tier_ups() { TierUps::get().wait_idle(); }
 
+namespace {
+std::atomic<ReplicatedRunner> g_replicated{nullptr};
+}
+
+void set_replicated_runner(ReplicatedRunner runner) { g_replicated = runner; }
+
+pjrt::CompileOptions replica_options(const std::vector<int64_t>& devices) {
+  pjrt::CompileOptions options{.num_replicas = static_cast<int>(devices.size())};
+  for (size_t i = 0; i < devices.size(); ++i)
+    if (devices[i] != static_cast<int64_t>(i)) {
+      for (int64_t d : devices) options.replica_devices.push_back(client().device_id(int(d)));
+      break;
+    }
+  return options;
+}
+
 std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
                                     const std::vector<pjrt::BufferPtr>& args, int device,
                                     c10::function_ref<std::string()> what) {
+  if (entry.replica_group >= 0) {
+    ReplicatedRunner run = g_replicated;
+    TORCH_CHECK(run,
+                "[tpu] a program with SPMD collectives runs only on thread ranks "
+                "(torchtpu.distributed.run_on_devices)");
+    std::vector<pjrt::BufferPtr> outs = run(entry, args, device, what ? what() : "");
+    metrics().executions++;
+    return outs;
+  }
   pjrt::Executable& exe = current_build(entry);
   pjrt::Buffer* small[16];
   std::vector<pjrt::Buffer*> big;

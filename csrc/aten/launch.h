@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,31 @@ struct Launchable : std::enable_shared_from_this<Launchable> {
   mutable std::atomic<int> tier{Final};
   mutable std::atomic<int> runs{0};
   mutable pjrt::ExecutablePtr optimized;  // written once, before tier becomes Promoted
+  // A replicated program (SPMD collectives of one group, hlo::Builder::replicate):
+  // the group's tag (-1: an ordinary program) and a hash of its text, the
+  // same on every rank that built it.
+  int64_t replica_group = -1;
+  uint64_t replica_key = 0;
+  bool replica_single = false;  // the program is one collective and nothing else
 };
+
+// Thrown by the replicated runner, on every rank and before anything ran, when
+// the ranks brought different programs (rank-specific calls recorded between
+// their collectives); what() is the report naming each rank's program. Ranks
+// that each brought one collective alone and differ get a DistBackendError.
+struct ProgramsDiffer : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A replicated program's part for one device: set by the distributed layer,
+// which meets the group's other ranks and runs the program once for all.
+using ReplicatedRunner = std::vector<pjrt::BufferPtr> (*)(const Launchable& entry,
+                                                          const std::vector<pjrt::BufferPtr>& args,
+                                                          int device, const std::string& what);
+void set_replicated_runner(ReplicatedRunner runner);
+// Compile options that run replica r on tpu:devices[r] (devices 0..n-1 keep
+// the plugin's default assignment, and with it their cache keys).
+pjrt::CompileOptions replica_options(const std::vector<int64_t>& devices);
 
 // The process's program table, keyed by structural keys (each runner's keys
 // start with its own letter). One bound for all: at TORCHTPU_CACHE_MEMORY_ENTRIES
@@ -53,7 +78,8 @@ void compile_program(const std::string& mlir, Launchable& entry);
 // Waits until no tier-up is queued or compiling (tests, benchmarks).
 void wait_tier_ups();
 
-// Executes on `device`. Debug Eager waits for the outputs and, given `what`
+// Executes on `device` (a replicated program: this device's replica, through
+// the replicated runner). Debug Eager waits for the outputs and, given `what`
 // (which names the work) and TORCHTPU_CHECK_NANS=1, raises when a float output
 // holds NaN or Inf; other modes queue the last output in flight.
 // Runs the entry's current build (and counts runs toward its tier-up).

@@ -181,10 +181,38 @@ std::vector<at::Tensor> jax_call_meta(at::TensorList args, int64_t key) {
   return outs;
 }
 
+// torchtpu::spmd_collective over the group `devices`: all_reduce keeps the
+// shape, all_gather multiplies `dim` by the group size, reduce_scatter divides it.
+at::Tensor spmd_collective_meta(const at::Tensor& x, c10::string_view kind, c10::string_view,
+                                int64_t dim, at::IntArrayRef devices, int64_t) {
+  std::vector<int64_t> shape = x.sizes().vec();
+  const auto n = static_cast<int64_t>(devices.size());
+  if (kind != "all_reduce") {
+    TORCH_CHECK(dim >= 0 && dim < x.dim(), "torchtpu::spmd_collective: dim ", dim, " of ",
+                x.sizes());
+    if (kind == "all_gather") {
+      shape[dim] *= n;
+    } else {
+      TORCH_CHECK(kind == "reduce_scatter" && shape[dim] % n == 0,
+                  "torchtpu::spmd_collective: ", kind, " of ", x.sizes(), " over ", n, " ranks");
+      shape[dim] /= n;
+    }
+  }
+  return at::empty(shape, x.options());
+}
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(torchtpu, m) { m.def("jax_call(Tensor[] args, int key) -> Tensor[]"); }
-TORCH_LIBRARY_IMPL(torchtpu, Meta, m) { m.impl("jax_call", TORCH_FN(jax_call_meta)); }
+TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
+  m.def("jax_call(Tensor[] args, int key) -> Tensor[]");
+  m.def(
+      "spmd_collective(Tensor x, str kind, str reduce, int dim, int[] devices, int group) -> "
+      "Tensor");
+}
+TORCH_LIBRARY_IMPL(torchtpu, Meta, m) {
+  m.impl("jax_call", TORCH_FN(jax_call_meta));
+  m.impl("spmd_collective", TORCH_FN(spmd_collective_meta));
+}
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   for (const char* name : {"_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_"}) {

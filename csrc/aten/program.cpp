@@ -369,7 +369,12 @@ void Program::finish(const std::vector<Value>& results, ProgramEntry& entry, con
       std::fclose(f);
     }
   }
-  compile_program(text, entry);
+  const hlo::Builder::Replication& rep = b.replication();
+  if (rep.tag < 0) return compile_program(text, entry);
+  // Every replica runs this build: no tiers.
+  entry.exe = compile_cached(text, replica_options(rep.devices));
+  entry.replica_group = rep.tag;
+  entry.replica_key = std::hash<std::string>{}(text);
 }
 
 std::shared_ptr<ProgramEntry> compile_call(const c10::OperatorHandle& op, const OpInfo& info,

@@ -126,6 +126,7 @@ std::shared_ptr<Replay> build(const fused::FlushCapture& c, at::TensorList args,
   if (!st) return refuse("an argument is not a tpu tensor");
   if (c.parts != 1 || !c.entry)
     return refuse("the graph ran as " + std::to_string(c.parts) + " programs");
+  if (c.replicated) return refuse("the graph holds SPMD collectives");
   auto r = std::make_shared<Replay>();
   r->entry = c.entry;
   r->device = device;
@@ -206,7 +207,12 @@ c10::Storage fresh_storage(size_t nbytes, pjrt::BufferPtr buf, int device) {
 void capture_begin() { t_begin = Counters::now(); }
 
 int64_t capture_end(at::TensorList args, at::TensorList outs) {
-  fused::Graph& g = fused::graph();
+  // The graph of the device the compiled graph ran on.
+  int on = -1;
+  for (at::TensorList l : {outs, args})
+    for (const at::Tensor& t : l)
+      if (on < 0 && t.defined() && t.device().is_privateuseone()) on = t.device().index();
+  fused::Graph& g = fused::graph(on < 0 ? current_device() : on);
   fused::GraphLock lock(g);
   std::optional<Counters> before = std::exchange(t_begin, std::nullopt);
   const Counters now = Counters::now();

@@ -399,6 +399,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_dist_local_left", &torchtpu::dist::local_rank_left,
         py::call_guard<py::gil_scoped_release>(),
         "Marks a tpu_local rank as gone (its thread raised): the other ranks fail at once.");
+  m.def("_dist_spmd", &spmd_mode, "Whether SPMD mode is on (tpu_local).");
+  m.def("_dist_set_spmd", &set_spmd_mode,
+        "SPMD mode: Fused Eager graphs of thread ranks hold their collectives.");
   m.def("count_compiled_graph", [] { metrics().compiled_graphs++; });
   m.def(
       "set_compiled_graph",

@@ -17,15 +17,11 @@ namespace torchtpu::dist {
 namespace {
 
 hlo::Reducer reducer(const std::string& r) {
-  if (r == "sum") return hlo::Reducer::Add;
-  if (r == "prod") return hlo::Reducer::Mul;
-  if (r == "max") return hlo::Reducer::Max;
-  if (r == "min") return hlo::Reducer::Min;
-  if (r == "band") return hlo::Reducer::And;
-  if (r == "bor") return hlo::Reducer::Or;
-  if (r == "bxor") return hlo::Reducer::Xor;
-  TORCH_CHECK_VALUE(false, "[tpu] device collective: reduce op '", r,
-                    "' is not one of sum, prod, max, min, band, bor, bxor");
+  try {
+    return hlo::reducer_named(r);
+  } catch (const hlo::BuildError& e) {
+    TORCH_CHECK_VALUE(false, "[tpu] device collective: ", e.what());
+  }
 }
 
 // The storage buffer of a contiguous tensor that covers its whole storage,
@@ -113,14 +109,7 @@ ReplicatedProgram replicated_program(const std::string& kind, const std::vector<
   }
   p.out_shape = p.out_shapes.at(0);
   b.ret(outs);
-  pjrt::CompileOptions options{.num_replicas = int(n)};
-  // Devices 0..n-1 keep the default assignment (and the programs' cache keys).
-  for (int64_t i = 0; i < n; ++i)
-    if (devices[i] != i) {
-      for (int d : devices) options.replica_devices.push_back(aten::client().device_id(d));
-      break;
-    }
-  p.exe = aten::compile_cached(b.module(), options);
+  p.exe = aten::compile_cached(b.module(), aten::replica_options({devices.begin(), devices.end()}));
   return p;
 }
 

@@ -1,10 +1,13 @@
 #include "dist/local.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -94,14 +97,24 @@ std::string splits_pair_up(const Metas& metas) {
 
 class TpuLocal final : public c10d::Backend {
  public:
-  TpuLocal(std::shared_ptr<Rendezvous> rv, int rank, int size, int device,
+  TpuLocal(std::shared_ptr<Rendezvous> rv, int rank, const std::vector<int>& devices,
            std::chrono::milliseconds timeout)
-      : Backend(rank, size), rv_(std::move(rv)), device_(device), timeout_(timeout) {}
+      : Backend(rank, int(devices.size())),
+        rv_(std::move(rv)),
+        device_(devices[rank]),
+        devices_(devices.begin(), devices.end()),
+        timeout_(timeout) {
+    aten::set_rank_device(device_, true);
+  }
+  ~TpuLocal() override { release_device(); }
 
   const std::string getBackendName() const override { return "tpu_local"; }
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_; }
-  void leave(const std::string& why) { dist::leave(*rv_, rank_, why); }
+  void leave(const std::string& why) {
+    release_device();
+    dist::leave(*rv_, rank_, why);
+  }
 
   // Calls between start and end run at once (each its own rendezvous); the
   // end's Work carries their outputs, as tpu_dist.
@@ -123,6 +136,10 @@ class TpuLocal final : public c10d::Backend {
     at::Tensor& t = tensors[0];
     std::string problem;
     std::string red = reduce_of(kind, opts.reduceOp, t, problem);
+    if (spmd_here(problem, {t})) {
+      spmd_reduce(t, scaled(opts.reduceOp, {t})[0], "all_reduce", red, opts.reduceOp);
+      return spmd_done(kind, {t});
+    }
     return collective(
         kind, reduce_name(opts.reduceOp), {t}, {t}, program(kind, red, t, {t.numel()}),
         [&](const Bufs& out) {
@@ -141,6 +158,12 @@ class TpuLocal final : public c10d::Backend {
     for (auto& t : tensors) {
       red = reduce_of(kind, opts.reduceOp, t, problem);
       parts.push_back(part(t, {t.numel()}));
+    }
+    if (spmd_here(problem, tensors)) {
+      Tensors xs = scaled(opts.reduceOp, tensors);
+      for (size_t i = 0; i < tensors.size(); ++i)
+        spmd_reduce(tensors[i], xs[i], "all_reduce", red, opts.reduceOp);
+      return spmd_done(kind, tensors);
     }
     return collective(
         kind, reduce_name(opts.reduceOp), tensors, tensors, Program{"all_reduce", red, parts},
@@ -184,13 +207,18 @@ class TpuLocal final : public c10d::Backend {
   WorkPtr _allgather_base(at::Tensor& output, at::Tensor& input,
                           const c10d::AllgatherOptions&) override {
     const char* kind = "all_gather_into_tensor";
+    std::string problem = like_check(kind, output, input, input.numel() * size_);
+    if (spmd_here(problem, {input, output})) {
+      output.copy_(spmd("all_gather", "", input).view(output.sizes()));
+      return spmd_done(kind, {input});
+    }
     return collective(
         kind, "", {input}, {input, output}, program("all_gather", "", input, {1, input.numel()}),
         [&](const Bufs& out) {
           assign(output, out[0]);
           return Tensors{output};
         },
-        like_check(kind, output, input, input.numel() * size_));
+        problem);
   }
 
   WorkPtr allgather_into_tensor_coalesced(Tensors& outputs, Tensors& inputs,
@@ -202,6 +230,11 @@ class TpuLocal final : public c10d::Backend {
       parts.push_back(part(inputs[i], {1, inputs[i].numel()}));
       if (problem.empty())
         problem = like_check(kind, outputs[i], inputs[i], inputs[i].numel() * size_);
+    }
+    if (spmd_here(problem, cat(inputs, outputs))) {
+      for (size_t i = 0; i < inputs.size(); ++i)
+        outputs[i].copy_(spmd("all_gather", "", inputs[i]).view(outputs[i].sizes()));
+      return spmd_done(kind, inputs);
     }
     return collective(
         kind, "", inputs, cat(inputs, outputs), Program{"all_gather", "", parts},
@@ -319,6 +352,10 @@ class TpuLocal final : public c10d::Backend {
     const char* kind = "reduce_scatter_tensor";
     std::string problem = like_check(kind, input, output, output.numel() * size_);
     std::string red = reduce_of(kind, opts.reduceOp, input, problem);
+    if (spmd_here(problem, {input, output})) {
+      spmd_reduce(output, scaled(opts.reduceOp, {input})[0], "reduce_scatter", red, opts.reduceOp);
+      return spmd_done(kind, {input});
+    }
     return collective(
         kind, reduce_name(opts.reduceOp), {input}, {input, output},
         program("reduce_scatter", red, input, {size_, output.numel()}),
@@ -341,6 +378,12 @@ class TpuLocal final : public c10d::Backend {
       const int64_t n = i < outputs.size() ? outputs[i].numel() : 0;
       parts.push_back(part(inputs[i], {size_, n}));
       if (problem.empty()) problem = like_check(kind, inputs[i], outputs[i], n * size_);
+    }
+    if (spmd_here(problem, cat(inputs, outputs))) {
+      Tensors xs = scaled(opts.reduceOp, inputs);
+      for (size_t i = 0; i < inputs.size(); ++i)
+        spmd_reduce(outputs[i], xs[i], "reduce_scatter", red, opts.reduceOp);
+      return spmd_done(kind, inputs);
     }
     return collective(
         kind, reduce_name(opts.reduceOp), inputs, cat(inputs, outputs),
@@ -456,6 +499,50 @@ class TpuLocal final : public c10d::Backend {
   }
 
  private:
+  void release_device() {
+    if (std::exchange(owns_device_, false)) aten::set_rank_device(device_, false);
+  }
+
+  // SPMD mode (torchtpu.distributed.spmd) in Fused Eager: the collective is
+  // recorded into this rank's graph, which then runs across it as one
+  // replicated program with the other ranks' graphs. Elsewhere, and for a
+  // call with a problem (raised by the ordinary path), it runs on its own.
+  bool spmd_here(const std::string& problem, const Tensors& ts) const {
+    if (!aten::spmd_mode() || !problem.empty() || aten::mode() != aten::Mode::Fused ||
+        aten::in_compiled_graph())
+      return false;
+    return std::all_of(ts.begin(), ts.end(),
+                       [&](const at::Tensor& t) { return device_check(t).empty(); });
+  }
+
+  // `x` flattened through torchtpu::spmd_collective (recorded, not run). A
+  // view at a rank's own offset (a shard of a flat buffer) is copied out
+  // first, so the collective alone is the same program on every rank.
+  at::Tensor spmd(const char* kind, const std::string& red, const at::Tensor& x) const {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("torchtpu::spmd_collective", "")
+                         .typed<at::Tensor(const at::Tensor&, c10::string_view, c10::string_view,
+                                           int64_t, at::IntArrayRef, int64_t)>();
+    at::Tensor flat = x.reshape({-1});
+    if (flat.storage_offset() != 0 ||
+        int64_t(aten::device_storage(flat.storage()).nbytes) != flat.numel() * flat.element_size())
+      flat = flat.clone();
+    return op.call(flat, kind, red, 0, devices_, group_tag(*rv_));
+  }
+
+  // A reduction of `x` (the caller's input, or PREMUL_SUM's scaled copy) into `out`.
+  void spmd_reduce(at::Tensor& out, const at::Tensor& x, const char* kind, const std::string& red,
+                   const ReduceOp& op) {
+    out.copy_(spmd(kind, red, x).view(out.sizes()));
+    average(op, out);
+  }
+
+  WorkPtr spmd_done(const char* kind, const Tensors& agreed) {
+    ++seq_;
+    count(kind, agreed, Clock::now());
+    return done(agreed);
+  }
+
   // The caller's fingerprint, local checks and input buffers (one per part).
   Entry entry(const char* kind, std::string detail, const Tensors& agreed, const Tensors& local,
               std::string problem, const Tensors& inputs) const {
@@ -705,7 +792,9 @@ class TpuLocal final : public c10d::Backend {
   }
 
   std::shared_ptr<Rendezvous> rv_;
-  const int device_;  // this rank's tpu device index
+  const int device_;                    // this rank's tpu device index
+  const std::vector<int64_t> devices_;  // the group's, by group rank
+  bool owns_device_ = true;             // counted in aten::set_rank_device
   std::chrono::milliseconds timeout_;
   uint64_t seq_ = 0;
   bool coalescing_ = false;
@@ -728,7 +817,7 @@ c10::intrusive_ptr<c10d::Backend> make_local_backend(const std::string& session,
                     aten::device_count(),
                     " tpu devices are in this process, one per rank (set TORCHTPU_NUM_DEVICES "
                     "before importing torchtpu)");
-  return c10::make_intrusive<TpuLocal>(rendezvous(session, devices), rank, size, devices[rank],
+  return c10::make_intrusive<TpuLocal>(rendezvous(session, devices, timeout), rank, devices,
                                        timeout);
 }
 

@@ -2,12 +2,16 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <utility>
 
+#include "aten/fused.h"
+#include "aten/launch.h"
 #include "dist/backend.h"
 
 namespace torchtpu::dist {
@@ -27,18 +31,29 @@ struct Round {
   enum { None, Disagree, Missing, Problem } failed = None;
   std::vector<std::string> lines;  // per rank: "#seq description" (or why it is absent)
   std::string error;
+  bool differ = false;  // prebuilt programs that differ: none ran, no failure
   std::vector<Bufs> out;
   Metas metas;
 };
 
 class Rendezvous {
  public:
-  explicit Rendezvous(std::vector<int> devices)
+  Rendezvous(std::vector<int> devices, int64_t tag, std::chrono::milliseconds timeout)
       : size_(int(devices.size())),
         devices_(std::move(devices)),
+        tag_(tag),
+        timeout_(timeout),
         left_(size_),
+        spmd_seq_(size_, 0),
         mailbox_(make_mailbox(size_)) {}
   int size() const { return size_; }
+  int64_t tag() const { return tag_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // The next SPMD program number of `rank` (rounds of their own, step 2).
+  uint64_t next_spmd(int rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ++spmd_seq_[rank];
+  }
   const std::vector<int>& devices() const { return devices_; }
   const std::shared_ptr<Mailbox>& mailbox() const { return mailbox_; }
 
@@ -76,6 +91,7 @@ class Rendezvous {
       raise(msg);
     }
     Met met{r.out.empty() ? Bufs{} : r.out[rank], r.metas};
+    if (r.differ) met.differ = disagreement_report("tpu_local", seq, rank, size_, r.lines);
     if (r.taken == size_) rounds_.erase(key);
     return met;
   }
@@ -103,6 +119,13 @@ class Rendezvous {
     const uint64_t h = r.in[0]->call.hash();
     for (int k = 1; k < size_; ++k)
       if (r.in[k]->call.hash() != h) r.failed = Round::Disagree;
+    if (r.failed && prog.exe) {
+      // The ranks' graphs differ; they run their collectives one by one instead.
+      r.failed = Round::None;
+      r.differ = r.done = true;
+      for (int k = 0; k < size_; ++k) r.metas.push_back(r.in[k]->meta);
+      return;
+    }
     if (r.failed) return;
     for (int k = 0; k < size_; ++k) r.metas.push_back(r.in[k]->meta);
     if (prog.check) {
@@ -126,16 +149,19 @@ class Rendezvous {
   }
 
   std::vector<Bufs> launch(Round& r, const Program& prog) {
-    if (prog.parts.empty()) return {};
-    ReplicatedProgram p =
-        replicated_program(prog.kind, prog.parts, prog.reduce, prog.dim, prog.dim2, {}, devices_);
+    if (prog.parts.empty() && !prog.exe) return {};
+    pjrt::ExecutablePtr exe = prog.exe;
+    if (!exe)
+      exe =
+          replicated_program(prog.kind, prog.parts, prog.reduce, prog.dim, prog.dim2, {}, devices_)
+              .exe;
     std::vector<std::vector<pjrt::Buffer*>> args(size_);
     for (int k = 0; k < size_; ++k) {
-      TORCH_CHECK(r.in[k]->inputs.size() == prog.parts.size(), "rank ", k, " brought ",
+      TORCH_CHECK(prog.exe || r.in[k]->inputs.size() == prog.parts.size(), "rank ", k, " brought ",
                   r.in[k]->inputs.size(), " buffers for ", prog.parts.size(), " parts");
       for (auto& b : r.in[k]->inputs) args[k].push_back(b.get());
     }
-    return run_replicated(*p.exe, args);
+    return run_replicated(*exe, args);
   }
 
   // A rank that left the group and is absent from round `seq` fails it now.
@@ -175,10 +201,13 @@ class Rendezvous {
 
   const int size_;
   const std::vector<int> devices_;
+  const int64_t tag_;
+  const std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::pair<uint64_t, int>, Round> rounds_;
   std::vector<std::string> left_;
+  std::vector<uint64_t> spmd_seq_;
   std::shared_ptr<Mailbox> mailbox_;
   std::string broken_;  // the first failure: the group runs nothing after it
   uint64_t last_agreed_ = 0;
@@ -188,8 +217,64 @@ class Rendezvous {
 // The group's rendezvous, held here until every rank joined: a rank may
 // finish (and drop its backend) before a slower one joins, which must still
 // find it and see that rank gone.
-std::shared_ptr<Rendezvous> rendezvous(const std::string& session,
-                                       const std::vector<int>& devices) {
+namespace {
+
+std::mutex g_tags_mu;
+std::map<int64_t, std::weak_ptr<Rendezvous>>& tags() {
+  static auto* all = new std::map<int64_t, std::weak_ptr<Rendezvous>>();
+  return *all;
+}
+
+// Runs one rank's part of a replicated program: the group's ranks meet as for
+// a collective, agreeing on the program (its text's hash), and the last to
+// arrive runs it for all.
+std::vector<pjrt::BufferPtr> run_spmd(const aten::Launchable& e,
+                                      const std::vector<pjrt::BufferPtr>& args, int device,
+                                      const std::string& what) {
+  std::shared_ptr<Rendezvous> rv;
+  {
+    std::lock_guard<std::mutex> lock(g_tags_mu);
+    auto it = tags().find(e.replica_group);
+    if (it != tags().end()) rv = it->second.lock();
+  }
+  if (!rv)
+    raise("tpu_local: an SPMD program of a process group that no longer exists (" + what + ")");
+  const auto& devs = rv->devices();
+  const int rank = int(std::find(devs.begin(), devs.end(), device) - devs.begin());
+  if (rank == rv->size())
+    raise("tpu_local: an SPMD program of a group without tpu:" + std::to_string(device) + " (" +
+          what + ")");
+  char hash[24];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(e.replica_key));
+  Entry entry{
+      Call{"SPMD program", what + ", program " + hash, {}, ""}, args, {int64_t{e.replica_single}}};
+  if (auto* where = aten::caller_location()) entry.call.where = *where;
+  Program prog;
+  prog.exe = e.exe;
+  // The other ranks may need the GIL to reach their flush (this one can come
+  // from any op, some called with the GIL held).
+  Met met;
+  const uint64_t seq = rv->next_spmd(rank);
+  aten::run_without_gil(
+      [&] { met = rv->meet(seq, 2, rank, std::move(entry), prog, rv->timeout()); });
+  if (met.differ.empty()) return met.out;
+  // Every rank brought one collective alone, and they differ: a real mismatch.
+  if (std::all_of(met.metas.begin(), met.metas.end(),
+                  [](const auto& m) { return !m.empty() && m[0] == 1; }))
+    raise(met.differ);
+  throw aten::ProgramsDiffer(met.differ);
+}
+
+struct RegisterRunner {
+  RegisterRunner() { aten::set_replicated_runner(&run_spmd); }
+} register_runner;
+
+}  // namespace
+
+int64_t group_tag(const Rendezvous& rv) { return rv.tag(); }
+
+std::shared_ptr<Rendezvous> rendezvous(const std::string& session, const std::vector<int>& devices,
+                                       std::chrono::milliseconds timeout) {
   const int size = int(devices.size());
   struct Joining {
     std::shared_ptr<Rendezvous> held;  // until `size` ranks joined
@@ -210,8 +295,13 @@ std::shared_ptr<Rendezvous> rendezvous(const std::string& session,
         ", a rank joined with devices ",
         c10::IntArrayRef(std::vector<int64_t>(devices.begin(), devices.end())));
   } else {
-    p = std::make_shared<Rendezvous>(devices);
+    static int64_t next_tag = 0;
+    p = std::make_shared<Rendezvous>(devices, next_tag++, timeout);
     j = Joining{p, p, 0};
+    std::lock_guard<std::mutex> tl(g_tags_mu);
+    for (auto it = tags().begin(); it != tags().end();)
+      it = it->second.expired() ? tags().erase(it) : std::next(it);
+    tags()[p->tag()] = p;
   }
   if (++j.joined >= size) j.held.reset();
   return p;

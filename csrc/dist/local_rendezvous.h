@@ -30,6 +30,9 @@ struct Program {
   // Checked on every rank's `meta` once all agreed (split sizes that must pair
   // up across ranks): a message fails the collective on every rank.
   std::function<std::string(const Metas&)> check;
+  // A replicated program built elsewhere (a Fused Eager graph holding SPMD
+  // collectives): run as it is, one input list per rank.
+  pjrt::ExecutablePtr exe;
 };
 
 // What one rank brings: its call (the fingerprint), its input buffers (one
@@ -43,17 +46,23 @@ struct Entry {
   std::string problem;
 };
 
-// What a rank takes from a round: its outputs and every rank's meta.
+// What a rank takes from a round: its outputs and every rank's meta. For a
+// prebuilt program (Program::exe) that the ranks' fingerprints disagree on,
+// nothing ran: `differ` holds the report, and the group goes on.
 struct Met {
   Bufs out;
   Metas metas;
+  std::string differ;
 };
 
 class Rendezvous;
 
 // The group named `session` (created by its first rank): rank k runs on
-// tpu:devices[k].
-std::shared_ptr<Rendezvous> rendezvous(const std::string& session, const std::vector<int>& devices);
+// tpu:devices[k]. `timeout` bounds the waits of its SPMD programs.
+std::shared_ptr<Rendezvous> rendezvous(const std::string& session, const std::vector<int>& devices,
+                                       std::chrono::milliseconds timeout);
+// The group's tag in programs that hold its SPMD collectives (unique in the process).
+int64_t group_tag(const Rendezvous& rv);
 
 // Blocks until every rank brought step `step` (0, or 1 for the second round
 // of an uneven all_to_all) of collective `seq`; returns this rank's outputs

@@ -53,6 +53,8 @@ enum class Cmp { EQ, NE, LT, LE, GT, GE };
 // stablehlo.fft kinds; the inverse ones (IFFT, IRFFT) divide by the length.
 enum class Fft { FFT, IFFT, RFFT, IRFFT };
 enum class Reducer { Add, Mul, Max, Min, And, Or, Xor };
+// "sum", "prod", "max", "min", "band", "bor", "bxor"; BuildError otherwise.
+Reducer reducer_named(const std::string& name);
 
 class Builder {
  public:
@@ -120,6 +122,15 @@ class Builder {
   Value all_to_all(Value x, int64_t split_dim, int64_t concat_dim, const Groups& groups);
   // Sends x from replica pairs[i][0] to pairs[i][1]; replicas receiving nothing get zeros.
   Value collective_permute(Value x, const Groups& pairs);
+  // The runtime's replica set of a program whose collectives span a group:
+  // `tag` names the group to the runtime, replica r runs on devices[r]. One
+  // per program (BuildError on a second, different one); tag -1 = none.
+  struct Replication {
+    int64_t tag = -1;
+    std::vector<int64_t> devices;
+  };
+  void replicate(int64_t tag, std::vector<int64_t> devices);
+  const Replication& replication() const { return replication_; }
   // Variadic reduce returning (max/min value, index) along one dim; index dtype I64.
   // Ties pick the smallest index; NaN wins (as torch.argmax).
   std::pair<Value, Value> reduce_arg(Value x, int64_t dim, bool is_max);
@@ -221,6 +232,7 @@ class Builder {
   std::unordered_map<int, Value> reshape_src_;
   std::unordered_map<int, Piece> piece_;
   std::unordered_set<int> joined_;  // values a concatenate op made
+  Replication replication_;
 
   // --- additive private helpers (builder.cpp / builder_index.cpp)
   Value new_value(std::string name, const Type& type);

@@ -28,6 +28,24 @@ int64_t group_size(const Builder::Groups& groups) { return int64_t(groups[0].siz
 
 }  // namespace
 
+Reducer reducer_named(const std::string& r) {
+  if (r == "sum") return Reducer::Add;
+  if (r == "prod") return Reducer::Mul;
+  if (r == "max") return Reducer::Max;
+  if (r == "min") return Reducer::Min;
+  if (r == "band") return Reducer::And;
+  if (r == "bor") return Reducer::Or;
+  if (r == "bxor") return Reducer::Xor;
+  throw BuildError("[hlo] reduce op '" + r +
+                   "' is not one of sum, prod, max, min, band, bor, bxor");
+}
+
+void Builder::replicate(int64_t tag, std::vector<int64_t> devices) {
+  if (replication_.tag >= 0 && (replication_.tag != tag || replication_.devices != devices))
+    throw BuildError("[hlo] one program holds collectives of two replica groups");
+  replication_ = {tag, std::move(devices)};
+}
+
 Value Builder::all_reduce(Value x, Reducer r, const Groups& groups) {
   std::string body = reducer_region(r, x.dtype());
   return op("all_reduce", {x}, "replica_groups = " + dense_groups("all_reduce", groups), x.type,

@@ -10,6 +10,8 @@ every surviving rank within ``TORCHTPU_DIST_TIMEOUT`` seconds (default 30).
 ``run_on_devices(fn, n)`` runs ``fn(rank)`` in n threads of this process, one per
 device, each with a default process group of the ``tpu_local`` backend: collectives
 between these ranks run as replicated device programs (no host copies, no gloo).
+``spmd()`` lets their Fused Eager graphs run across all_reduce, all_gather and
+reduce_scatter instead of cutting there.
 """
 
 from __future__ import annotations
@@ -150,6 +152,33 @@ def _create_local(opts, _pg_options):
     # Global rank r runs on tpu:r; a subgroup's ranks on their global ranks' devices.
     devices = list(opts.global_ranks_in_group) or list(range(opts.group_size))
     return _C._dist_local_backend(session, opts.group_rank, devices, secs)
+
+
+class spmd:  # used like a function, as torch.no_grad
+    """SPMD mode for thread ranks (``run_on_devices``): in Fused Eager, ``all_reduce``,
+    ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (and their coalesced forms)
+    are recorded into each rank's graph, which then runs as one replicated program over
+    the group's devices, so a step with collectives in it can be one program. Off by
+    default (``TORCHTPU_SPMD=1`` turns it on): every rank must then cut its graphs at the
+    same ops, so rank-specific reads between collectives (rank 0 calling ``.item()``)
+    make the ranks' programs differ, and every rank raises naming both programs rather
+    than hang. Takes effect at once; as a context manager, restores the previous
+    setting on exit. Process-wide."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self._before = _C._dist_spmd()
+        _C._dist_set_spmd(bool(enabled))
+
+    def __enter__(self) -> spmd:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _C._dist_set_spmd(self._before)
+
+
+def spmd_enabled() -> bool:
+    """Whether SPMD mode is on (``spmd``)."""
+    return _C._dist_spmd()
 
 
 class _RankWorld:

@@ -117,5 +117,26 @@ TEST(Collective, BadGroupsAreBuildErrors) {
   EXPECT_THROW(b.all_gather(x, 1, kAll), BuildError);
 }
 
+TEST(Collective, ReducersByName) {
+  EXPECT_EQ(reducer_named("sum"), Reducer::Add);
+  EXPECT_EQ(reducer_named("prod"), Reducer::Mul);
+  EXPECT_EQ(reducer_named("max"), Reducer::Max);
+  EXPECT_EQ(reducer_named("min"), Reducer::Min);
+  EXPECT_EQ(reducer_named("bxor"), Reducer::Xor);
+  EXPECT_THROW(reducer_named("avg"), BuildError);  // a division after a sum, not a reducer
+}
+
+// A program's replica set: set once, the same again is fine, another group is an error.
+TEST(Collective, OneReplicationPerProgram) {
+  Builder b;
+  EXPECT_EQ(b.replication().tag, -1);
+  b.replicate(7, {2, 3});
+  b.replicate(7, {2, 3});
+  EXPECT_EQ(b.replication().tag, 7);
+  EXPECT_EQ(b.replication().devices, (std::vector<int64_t>{2, 3}));
+  EXPECT_THROW(b.replicate(8, {2, 3}), BuildError);
+  EXPECT_THROW(b.replicate(7, {0, 1}), BuildError);
+}
+
 }  // namespace
 }  // namespace torchtpu::hlo

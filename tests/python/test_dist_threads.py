@@ -26,7 +26,9 @@ def run(scenario, mode):
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-@pytest.mark.parametrize("scenario", ["collectives", "more", "p2p", "groups", "ddp", "faults"])
+@pytest.mark.parametrize(
+    "scenario", ["collectives", "more", "p2p", "groups", "ddp", "faults", "spmd"]
+)
 def test_thread_ranks(scenario, mode):
     run(scenario, mode)
 
@@ -36,3 +38,18 @@ def test_fsdp2_and_dtensor(mode):
     """In Fused Eager, FSDP2's optimizer step deadlocked: DTensor's C++ dispatch called
     us holding the GIL while the graph's owner waited for it in a Python kernel."""
     run("fsdp_dtensor", mode)
+
+
+def test_fsdp2_and_dtensor_in_spmd_mode():
+    """FSDP2 shards sit at each rank's own offset of a flat buffer: the collectives
+    are copied out so they still meet as one program per collective."""
+    proc = check_py(
+        f"""
+        import runpy, sys
+        sys.argv = [{str(SCRIPT)!r}, "fsdp_dtensor", "fused"]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        """,
+        env={"TORCHTPU_NUM_DEVICES": "4", "TORCHTPU_SPMD": "1"},
+        timeout=120,
+    )
+    assert "fsdp_dtensor ok" in proc.stdout, proc.stdout

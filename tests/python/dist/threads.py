@@ -1,6 +1,6 @@
 """c10d ranks over the devices of one process (the tpu_local backend, one thread per
 device through torchtpu.distributed.run_on_devices). Run with TORCHTPU_NUM_DEVICES=4.
-argv: scenario (collectives|more|p2p|groups|fsdp_dtensor|ddp|faults) mode (strict|fused). Prints "<scenario> ok" last."""
+argv: scenario (collectives|more|p2p|groups|fsdp_dtensor|ddp|faults|spmd) mode (strict|fused). Prints "<scenario> ok" last."""
 
 import copy
 import sys
@@ -651,6 +651,146 @@ def check_faults():
     assert "rank 1: a Float[4] tensor on tpu:0" in str(e), e
 
 
+def check_spmd():
+    """SPMD mode (torchtpu.distributed.spmd): collectives recorded into each rank's Fused
+    graph, which runs as one replicated program over the ranks; results equal to SPMD
+    mode off, fewer graphs, no recompiles once warm, rank-specific reads fall back to one
+    program per collective, and a real mismatch raises on every rank."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torchtpu.distributed import spmd
+
+    fused = mode == "fused"
+
+    def collectives(rank, steps=3):
+        dev = torch.device("tpu", rank)
+        out = []
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            x = inputs(dtype)[rank].to(dev)
+            for step in range(steps):
+                y = x * (step + 1) + 1  # recorded before the collective and after it
+                dist.all_reduce(y)
+                y = y * 2
+                top = x.clone()
+                dist.all_reduce(top, op=R.MAX)
+                avg = x + step
+                dist.all_reduce(avg, op=R.AVG)
+                gathered = torch.empty(N * 8, 3, dtype=dtype, device=dev)
+                dist.all_gather_into_tensor(gathered, y)
+                rs = torch.empty(2, 3, dtype=dtype, device=dev)
+                dist.reduce_scatter_tensor(rs, gathered[8:16], op=R.AVG)
+                out += [y, top, avg, gathered, rs]
+                if dtype.is_floating_point:
+                    pm = torch.empty(2, 3, dtype=dtype, device=dev)
+                    dist.reduce_scatter_tensor(pm, y, op=dist._make_nccl_premul_sum(0.5))
+                    out.append(pm)
+                a, b = y + 1, x - 1
+                with dist._coalescing_manager():
+                    dist.all_reduce(a)
+                    dist.all_reduce(b)
+                out += [a, b]
+        return [t.cpu() for t in out]
+
+    def counters():
+        m = torchtpu.metrics()
+        return m["fused_graphs"], m["fused_cuts"], m["compiles"]
+
+    def run(fn, on, *args):
+        graphs0, cuts0, _ = counters()
+        with spmd(on):
+            got = run_on_devices(fn, N, args=args, join_timeout=JOIN)
+        graphs1, cuts1, compiles = counters()
+        cuts = {k: v - cuts0.get(k, 0) for k, v in cuts1.items() if v != cuts0.get(k, 0)}
+        return got, graphs1 - graphs0, cuts, compiles
+
+    ref, ref_graphs, ref_cuts, _ = run(collectives, False)
+    got, graphs, cuts, _ = run(collectives, True)
+    for rank in range(N):
+        for k, (p, q) in enumerate(zip(got[rank], ref[rank])):
+            assert torch.equal(p, q), (rank, k, p, q)
+    print(f"collectives: {graphs} graphs with SPMD, {ref_graphs} without; cuts {cuts}")
+    if fused:
+        assert cuts.get("collective", 0) == 0 and ref_cuts["collective"] > 0, (cuts, ref_cuts)
+        assert graphs * 3 <= ref_graphs, (graphs, ref_graphs)
+        # Warm: the same work again compiles nothing.
+        _, _, _, before = run(collectives, True)
+        _, _, _, after = run(collectives, True)
+        assert after == before, (before, after)
+
+    # DDP: each step's gradient all-reduce inside the step's graph.
+    steps, per_rank = 4, 8
+    g = torch.Generator().manual_seed(1)
+    data = [
+        (
+            torch.randn(per_rank * N, 32, generator=g),
+            torch.randint(0, 10, (per_rank * N,), generator=g),
+        )
+        for _ in range(steps)
+    ]
+    torch.manual_seed(0)
+    init = MLP()
+
+    def train(model, dev, rank=0, n=1, log=False):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for x, y in data:
+            x, y = x.chunk(n)[rank].to(dev), y.chunk(n)[rank].to(dev)
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            if log and rank == 0:
+                losses.append(loss.item())  # rank 0 alone reads: MPMD inside SPMD mode
+        inner = model.module if isinstance(model, DDP) else model
+        return [p.detach().cpu() for p in inner.parameters()]
+
+    def ddp(rank, log):
+        dev = torch.device("tpu", rank)
+        return train(DDP(copy.deepcopy(init).to(dev)), dev, rank, N, log)
+
+    single = train(copy.deepcopy(init).to("tpu:0"), "tpu:0")
+    for log in (False, True):
+        got, graphs, cuts, _ = run(ddp, True, log)
+        _, ref_graphs, ref_cuts, _ = run(ddp, False, log)
+        print(
+            f"ddp (rank 0 logs: {log}): {graphs} graphs, cuts {cuts}; off: {ref_graphs}, {ref_cuts}"
+        )
+        for rank in range(N):
+            for p, q, want in zip(got[rank], got[0], single):
+                assert torch.equal(p, q), f"rank {rank} differs from rank 0"
+                torch.testing.assert_close(p, want, rtol=1e-5, atol=1e-6)
+        if fused:
+            assert cuts.get("collective", 0) < ref_cuts["collective"], (cuts, ref_cuts)
+            assert (cuts.get("spmd_programs_differ", 0) > 0) == log or not log, cuts
+
+    # A real mismatch: one rank's collective has another shape.
+    def other_shape(rank):
+        t = torch.ones(3 if rank == 1 else 4, device="tpu")
+        dist.all_reduce(t)
+        return t.cpu()
+
+    with spmd():
+        e, seconds = expect_failure(other_shape, 3)
+    msg = str(e)
+    if fused:
+        assert "SPMD program(1 op holding all_reduce(sum) Float[4]" in msg, msg
+        assert "SPMD program(1 op holding all_reduce(sum) Float[3]" in msg, msg
+    assert seconds < 20, seconds
+
+    # A rank that returns before its collective: the others fail at once.
+    def gone(rank):
+        t = torch.ones(4, device="tpu")
+        if rank != 1:
+            dist.all_reduce(t)
+        return t.cpu()
+
+    with spmd():
+        e, seconds = expect_failure(gone, 3)
+    assert "rank 1 left the group" in str(e), e
+    assert seconds < 20, seconds
+    assert (torchtpu.metrics()["fused_ops"] > 0) == fused
+
+
 start = time.monotonic()
 {
     "collectives": check_collectives,
@@ -660,6 +800,7 @@ start = time.monotonic()
     "fsdp_dtensor": check_fsdp_dtensor,
     "ddp": check_ddp,
     "faults": check_faults,
+    "spmd": check_spmd,
 }[scenario]()
 m = torchtpu.metrics()
 print(f"compiles {m['compiles']} fused_cuts {m['fused_cuts']}", flush=True)
