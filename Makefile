@@ -71,6 +71,7 @@ demo-pack: build
 bench: build $(PEER)
 	$(VPY) bench/run.py
 	$(VPY) bench/dist.py
+	$(VPY) bench/dist_threads.py
 	$(VPY) bench/shapes.py
 
 # PyTorch's OpInfo database on tpu vs CPU; regenerates docs/OP_COVERAGE.md (< 30 min).
