@@ -144,8 +144,6 @@ void finish_reduce(const ReduceOp& op, Tensors& staged, int size) {
     for (auto& h : staged) h.div_(size, "trunc");
 }
 
-WorkPtr done(const Tensors& outputs) { return completed_work(outputs); }
-
 // A point-to-point transfer in flight on the host transport: completes (and,
 // for a receive, writes the device tensors) when waited on or polled.
 class HostWork final : public Work {
@@ -177,7 +175,7 @@ class HostWork final : public Work {
   }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     wait(kNoTimeout);
-    return done(outputs_)->getFuture();
+    return completed_work(outputs_)->getFuture();
   }
 
  private:
@@ -202,18 +200,9 @@ class TpuDist final : public c10d::Backend {
 
   const std::string getBackendName() const override { return "tpu_dist"; }
   bool supportsCoalescing() const override { return true; }
-  // Calls between start and end run at once (the transport is synchronous);
-  // the end's Work carries their outputs.
-  void startCoalescing() override {
-    coalescing_ = true;
-    coalesced_.clear();
-  }
-  WorkPtr endCoalescing() override {
-    auto w = done(coalesced_);
-    coalescing_ = false;
-    coalesced_.clear();
-    return w;
-  }
+  // The transport is synchronous: coalesced calls run at once.
+  void startCoalescing() override { coalescing_.start(); }
+  WorkPtr endCoalescing() override { return coalescing_.end(); }
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_; }
 
@@ -458,8 +447,7 @@ class TpuDist final : public c10d::Backend {
       check_.fail(seq, call, e.what());
     }
     count(kind, payload < 0 ? nbytes(agreed) : payload, st.host_copy_bytes(), start);
-    if (coalescing_) coalesced_.insert(coalesced_.end(), outputs.begin(), outputs.end());
-    return done(outputs);
+    return coalescing_.done(outputs);
   }
 
   WorkPtr point_to_point(const char* kind, int peer, int tag, const Tensors& tensors,
@@ -544,8 +532,7 @@ class TpuDist final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> host_;
   Checker check_;
   uint64_t seq_ = 0;
-  bool coalescing_ = false;
-  Tensors coalesced_;
+  Coalescing coalescing_;
 };
 
 }  // namespace

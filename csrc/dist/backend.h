@@ -28,6 +28,31 @@ std::string reduce_name(const c10d::ReduceOp& op);
 // devices, as DDP comm hooks expect).
 c10::intrusive_ptr<c10d::Work> completed_work(const std::vector<at::Tensor>& outputs);
 
+// startCoalescing .. endCoalescing for both backends: their calls run at once,
+// and the end's Work carries every call's outputs.
+class Coalescing {
+ public:
+  void start() {
+    on_ = true;
+    held_.clear();
+  }
+  c10::intrusive_ptr<c10d::Work> end() {
+    auto w = completed_work(held_);
+    on_ = false;
+    held_.clear();
+    return w;
+  }
+  // A finished call's Work; its outputs are kept for the end while coalescing.
+  c10::intrusive_ptr<c10d::Work> done(const std::vector<at::Tensor>& outputs) {
+    if (on_) held_.insert(held_.end(), outputs.begin(), outputs.end());
+    return completed_work(outputs);
+  }
+
+ private:
+  bool on_ = false;
+  std::vector<at::Tensor> held_;
+};
+
 // Per collective kind: calls, payload bytes, bytes copied between host and
 // device, and wall seconds inside the call (metrics()["collectives"]).
 struct KindCount {

@@ -116,19 +116,10 @@ class TpuLocal final : public c10d::Backend {
     dist::leave(*rv_, rank_, why);
   }
 
-  // Calls between start and end run at once (each its own rendezvous); the
-  // end's Work carries their outputs, as tpu_dist.
+  // Coalesced calls run at once, each its own rendezvous, as tpu_dist.
   bool supportsCoalescing() const override { return true; }
-  void startCoalescing() override {
-    coalescing_ = true;
-    coalesced_.clear();
-  }
-  WorkPtr endCoalescing() override {
-    auto w = completed_work(coalesced_);
-    coalescing_ = false;
-    coalesced_.clear();
-    return w;
-  }
+  void startCoalescing() override { coalescing_.start(); }
+  WorkPtr endCoalescing() override { return coalescing_.end(); }
 
   WorkPtr allreduce(Tensors& tensors, const c10d::AllreduceOptions& opts) override {
     const char* kind = "all_reduce";
@@ -655,10 +646,7 @@ class TpuLocal final : public c10d::Backend {
     if (!problem.empty()) raise(c10::str("tpu_local: ", kind, " on rank ", rank_, ": ", problem));
   }
 
-  WorkPtr done(const Tensors& outputs) {
-    if (coalescing_) coalesced_.insert(coalesced_.end(), outputs.begin(), outputs.end());
-    return completed_work(outputs);
-  }
+  WorkPtr done(const Tensors& outputs) { return coalescing_.done(outputs); }
 
   static void count(const char* kind, const Tensors& agreed, Clock::time_point start) {
     int64_t bytes = 0;
@@ -797,8 +785,7 @@ class TpuLocal final : public c10d::Backend {
   bool owns_device_ = true;             // counted in aten::set_rank_device
   std::chrono::milliseconds timeout_;
   uint64_t seq_ = 0;
-  bool coalescing_ = false;
-  Tensors coalesced_;
+  Coalescing coalescing_;
 };
 }  // namespace
 
