@@ -24,8 +24,10 @@ void publish(Event e, const char* reason) {
   for (EventHandler h : handlers(e)) h(reason);
 }
 void subscribe_storage_freed(StorageHandler h) { storage_handlers().push_back(h); }
-void publish_storage_freed(DeviceStorage* st) {
-  for (StorageHandler h : storage_handlers()) h(st);
+bool publish_storage_freed(DeviceStorage* st) {
+  for (StorageHandler h : storage_handlers())
+    if (h(st)) return true;
+  return false;
 }
 
 SyncReason::SyncReason(const char* why) : prev_(t_reason) {

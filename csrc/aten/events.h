@@ -13,13 +13,15 @@ enum class Event {
 };
 
 using EventHandler = void (*)(const char* reason);
-using StorageHandler = void (*)(DeviceStorage* st);
+// True: the handler keeps the storage and frees it later (free_storage).
+using StorageHandler = bool (*)(DeviceStorage* st);
 // Subscribe at static initialization; handlers live for the whole process.
 void subscribe(Event e, EventHandler h);
 void publish(Event e, const char* reason);
 // A storage died (the allocator's free hook); called on every tensor free.
 void subscribe_storage_freed(StorageHandler h);
-void publish_storage_freed(DeviceStorage* st);
+// True when a handler kept the storage.
+bool publish_storage_freed(DeviceStorage* st);
 
 // Names the reason of the syncs inside its scope ("item", "cpu_fallback", ...);
 // an enclosing scope's reason wins (nonzero's count is read through item()).

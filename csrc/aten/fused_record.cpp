@@ -170,9 +170,44 @@ static int64_t spmd_group_of(const c10::OperatorHandle& op, const torch::jit::St
   return is_spmd_op(op) ? stack[first + 5].toInt() : -1;
 }
 
+namespace {
+thread_local Graph* t_held = nullptr;
+
+// A dead storage is no slot of the graph any more (caller holds g.mu).
+void forget(Graph& g, DeviceStorage* st) {
+  auto it = g.slot_of.find(st);
+  if (it == g.slot_of.end()) return;
+  g.slots[it->second].st = nullptr;
+  if (st->pending) g.live_pending--;
+  g.slot_of.erase(it);
+}
+
+void forget_freed(Graph& g) {
+  std::vector<DeviceStorage*> freed;
+  {
+    std::lock_guard<std::mutex> lock(g.freed_mu);
+    freed.swap(g.freed_later);
+  }
+  for (DeviceStorage* st : freed) {
+    forget(g, st);
+    free_storage(st);
+  }
+}
+}  // namespace
+
+Graph* fused::held_graph() { return t_held; }
+
 fused::GraphLock::GraphLock(Graph& g) : lock_(g.mu, std::try_to_lock) {
-  if (lock_.owns_lock()) return;
-  run_without_gil([this] { lock_.lock(); });
+  if (!lock_.owns_lock()) run_without_gil([this] { lock_.lock(); });
+  if (!t_held) {
+    t_held = &g;
+    outermost_ = true;
+    forget_freed(g);
+  }
+}
+
+fused::GraphLock::~GraphLock() {
+  if (outermost_) t_held = nullptr;
 }
 
 void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
@@ -326,16 +361,26 @@ bool fused_holds(const DeviceStorage& st) {
 
 namespace {
 
-// A storage died, so its pending value is no program output.
-void storage_freed(DeviceStorage* st) {
-  if (!g_nonempty) return;
+// A storage died, so its pending value is no program output. A thread that
+// holds another graph's lock (a garbage collection freeing another rank's
+// tensor mid-record) does not wait for this one, whose holder may be waiting
+// for that graph: the graph's next locker forgets and frees the storage.
+bool storage_freed(DeviceStorage* st) {
+  if (!g_nonempty) return false;
   Graph& g = graph(st->device);
+  if (held_graph() && held_graph() != &g) {
+    std::unique_lock<std::recursive_mutex> lock(g.mu, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      std::lock_guard<std::mutex> later(g.freed_mu);
+      g.freed_later.push_back(st);
+      return true;
+    }
+    forget(g, st);
+    return false;
+  }
   GraphLock lock(g);
-  auto it = g.slot_of.find(st);
-  if (it == g.slot_of.end()) return;
-  g.slots[it->second].st = nullptr;
-  if (st->pending) g.live_pending--;
-  g.slot_of.erase(it);
+  forget(g, st);
+  return false;
 }
 
 // Fused Eager's part in the runtime's events.

@@ -320,9 +320,14 @@ void add_bytes_in_use(int64_t delta) {
   }
 }
 
+void release_storage(DeviceStorage* s);
+
 void delete_storage(void* ctx) {
   auto* s = static_cast<DeviceStorage*>(ctx);
-  publish_storage_freed(s);
+  if (!publish_storage_freed(s)) release_storage(s);
+}
+
+void release_storage(DeviceStorage* s) {
   {
     std::lock_guard<std::mutex> lock(memory_mu());
     DeviceStats& st = device_stats()[s->device];
@@ -391,6 +396,8 @@ class TpuAllocator final : public c10::DeviceAllocator {
 TpuAllocator g_allocator;
 
 }  // namespace
+
+void free_storage(DeviceStorage* s) { release_storage(s); }
 
 c10::Allocator* allocator() { return &g_allocator; }
 
