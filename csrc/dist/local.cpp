@@ -6,8 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -129,7 +127,7 @@ class TpuLocal final : public c10d::Backend {
     std::string red = reduce_of(kind, opts.reduceOp, t, problem);
     if (spmd_here(problem, {t})) {
       spmd_reduce(t, scaled(opts.reduceOp, {t})[0], "all_reduce", red, opts.reduceOp);
-      return spmd_done(kind, {t});
+      return spmd_done(kind, {t}, {t});
     }
     return collective(
         kind, reduce_name(opts.reduceOp), {t}, {t}, program(kind, red, t, {t.numel()}),
@@ -154,7 +152,7 @@ class TpuLocal final : public c10d::Backend {
       Tensors xs = scaled(opts.reduceOp, tensors);
       for (size_t i = 0; i < tensors.size(); ++i)
         spmd_reduce(tensors[i], xs[i], "all_reduce", red, opts.reduceOp);
-      return spmd_done(kind, tensors);
+      return spmd_done(kind, tensors, tensors);
     }
     return collective(
         kind, reduce_name(opts.reduceOp), tensors, tensors, Program{"all_reduce", red, parts},
@@ -201,7 +199,7 @@ class TpuLocal final : public c10d::Backend {
     std::string problem = like_check(kind, output, input, input.numel() * size_);
     if (spmd_here(problem, {input, output})) {
       output.copy_(spmd("all_gather", "", input).view(output.sizes()));
-      return spmd_done(kind, {input});
+      return spmd_done(kind, {input}, {output});
     }
     return collective(
         kind, "", {input}, {input, output}, program("all_gather", "", input, {1, input.numel()}),
@@ -225,7 +223,7 @@ class TpuLocal final : public c10d::Backend {
     if (spmd_here(problem, cat(inputs, outputs))) {
       for (size_t i = 0; i < inputs.size(); ++i)
         outputs[i].copy_(spmd("all_gather", "", inputs[i]).view(outputs[i].sizes()));
-      return spmd_done(kind, inputs);
+      return spmd_done(kind, inputs, outputs);
     }
     return collective(
         kind, "", inputs, cat(inputs, outputs), Program{"all_gather", "", parts},
@@ -345,7 +343,7 @@ class TpuLocal final : public c10d::Backend {
     std::string red = reduce_of(kind, opts.reduceOp, input, problem);
     if (spmd_here(problem, {input, output})) {
       spmd_reduce(output, scaled(opts.reduceOp, {input})[0], "reduce_scatter", red, opts.reduceOp);
-      return spmd_done(kind, {input});
+      return spmd_done(kind, {input}, {output});
     }
     return collective(
         kind, reduce_name(opts.reduceOp), {input}, {input, output},
@@ -374,7 +372,7 @@ class TpuLocal final : public c10d::Backend {
       Tensors xs = scaled(opts.reduceOp, inputs);
       for (size_t i = 0; i < inputs.size(); ++i)
         spmd_reduce(outputs[i], xs[i], "reduce_scatter", red, opts.reduceOp);
-      return spmd_done(kind, inputs);
+      return spmd_done(kind, inputs, outputs);
     }
     return collective(
         kind, reduce_name(opts.reduceOp), inputs, cat(inputs, outputs),
@@ -528,10 +526,11 @@ class TpuLocal final : public c10d::Backend {
     average(op, out);
   }
 
-  WorkPtr spmd_done(const char* kind, const Tensors& agreed) {
+  // Counted by `agreed`'s bytes, as collective(); the Work carries `outputs`.
+  WorkPtr spmd_done(const char* kind, const Tensors& agreed, const Tensors& outputs) {
     ++seq_;
     count(kind, agreed, Clock::now());
-    return done(agreed);
+    return done(outputs);
   }
 
   // The caller's fingerprint, local checks and input buffers (one per part).
