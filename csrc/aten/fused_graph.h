@@ -97,8 +97,8 @@ struct Graph {
   std::string key;       // "F" + per call: its key and the graph slots of its storages
   int device = 0;        // every call of this graph runs here (one graph per device)
   bool counted = false;  // counted in g_nonempty
-  // Storages freed by a thread that held another graph's lock (it could not
-  // wait for this one): forgotten and freed by this graph's next locker.
+  // Storages freed while another thread held `mu` (the free hook never
+  // waits for it): forgotten and freed by this graph's next locker.
   std::mutex freed_mu;
   std::vector<DeviceStorage*> freed_later;
   // The group of the SPMD collectives recorded (a replica group tag), or -1:
@@ -129,8 +129,6 @@ class GraphLock {
   std::unique_lock<std::recursive_mutex> lock_;
   bool outermost_ = false;  // this thread held no graph's lock before
 };
-// The graph whose lock this thread holds (outermost GraphLock), or null.
-Graph* held_graph();
 // How many graphs hold calls (0: nothing to flush, checked without locks).
 extern std::atomic<int> g_nonempty;
 

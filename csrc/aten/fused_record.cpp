@@ -195,8 +195,6 @@ void forget_freed(Graph& g) {
 }
 }  // namespace
 
-Graph* fused::held_graph() { return t_held; }
-
 fused::GraphLock::GraphLock(Graph& g) : lock_(g.mu, std::try_to_lock) {
   if (!lock_.owns_lock()) run_without_gil([this] { lock_.lock(); });
   if (!t_held) {
@@ -361,24 +359,20 @@ bool fused_holds(const DeviceStorage& st) {
 
 namespace {
 
-// A storage died, so its pending value is no program output. A thread that
-// holds another graph's lock (a garbage collection freeing another rank's
-// tensor mid-record) does not wait for this one, whose holder may be waiting
-// for that graph: the graph's next locker forgets and frees the storage.
+// A storage died, so its pending value is no program output. The free never
+// waits for the graph's lock: it may come from a thread holding another
+// graph's lock or a rendezvous lock that the graph's holder waits for (a
+// garbage collection, a collective's round freeing another rank's tensor).
+// When the lock is busy, the graph's next locker forgets and frees it.
 bool storage_freed(DeviceStorage* st) {
   if (!g_nonempty) return false;
   Graph& g = graph(st->device);
-  if (held_graph() && held_graph() != &g) {
-    std::unique_lock<std::recursive_mutex> lock(g.mu, std::try_to_lock);
-    if (!lock.owns_lock()) {
-      std::lock_guard<std::mutex> later(g.freed_mu);
-      g.freed_later.push_back(st);
-      return true;
-    }
-    forget(g, st);
-    return false;
+  std::unique_lock<std::recursive_mutex> lock(g.mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    std::lock_guard<std::mutex> later(g.freed_mu);
+    g.freed_later.push_back(st);
+    return true;
   }
-  GraphLock lock(g);
   forget(g, st);
   return false;
 }

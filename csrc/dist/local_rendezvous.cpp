@@ -62,6 +62,10 @@ class Rendezvous {
   // outputs and every rank's meta.
   Met meet(uint64_t seq, int step, int rank, Entry entry, const Program& prog,
            std::chrono::milliseconds timeout) {
+    // A finished round dies after the lock is released: its calls hold the
+    // ranks' tensors, whose frees wait for their graphs' locks, whose holders
+    // may be waiting here.
+    std::optional<Round> dead;
     std::unique_lock<std::mutex> lock(mu_);
     if (!broken_.empty())
       raise("tpu_local: this group stopped at an earlier failure; collective #" +
@@ -84,15 +88,21 @@ class Rendezvous {
         cv_.notify_all();
       }
     }
-    r.taken++;
+    const bool last = ++r.taken == size_;
+    std::string failure;
+    Met met;
     if (r.failed) {
-      std::string msg = report(r, seq, rank, timeout);
-      if (broken_.empty()) broken_ = msg;
-      raise(msg);
+      failure = report(r, seq, rank, timeout);
+      if (broken_.empty()) broken_ = failure;
+    } else {
+      met = Met{r.out.empty() ? Bufs{} : r.out[rank], r.metas};
+      if (r.differ) met.differ = disagreement_report("tpu_local", seq, rank, size_, r.lines);
     }
-    Met met{r.out.empty() ? Bufs{} : r.out[rank], r.metas};
-    if (r.differ) met.differ = disagreement_report("tpu_local", seq, rank, size_, r.lines);
-    if (r.taken == size_) rounds_.erase(key);
+    if (last) {
+      dead.emplace(std::move(r));
+      rounds_.erase(key);
+    }
+    if (!failure.empty()) raise(failure);
     return met;
   }
 

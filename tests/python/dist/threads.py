@@ -4,6 +4,7 @@ argv: scenario (collectives|more|p2p|groups|fsdp_dtensor|ddp|faults|spmd) mode (
 
 import copy
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -762,6 +763,31 @@ def check_spmd():
         if fused:
             assert cuts.get("collective", 0) < ref_cuts["collective"], (cuts, ref_cuts)
             assert (cuts.get("spmd_programs_differ", 0) > 0) == log or not log, cuts
+
+    if fused:
+        # Rank 0 frees a tensor of rank 1's graph while rank 1 waits for it in the
+        # SPMD meet, holding that graph: the free must not wait for the graph.
+        shared, made = {}, threading.Event()
+
+        def free_other(rank, free):
+            t = torch.ones(4, device="tpu")
+            x = t * 3  # the same program on both ranks
+            dist.all_reduce(t)
+            if rank == 1:
+                shared["x"], x = x, None
+                made.set()
+                return t.cpu()  # runs the graph: waits in the meet for rank 0
+            assert made.wait(JOIN)
+            if free:
+                time.sleep(1)  # rank 1 is in the meet by now
+                del shared["x"]
+            return t.cpu()
+
+        with spmd():
+            for free in (False, True):  # the first compiles, the second meets at once
+                made.clear()
+                got = run_on_devices(free_other, 2, args=(free,), timeout=8, join_timeout=JOIN)
+                assert all(torch.equal(g, torch.full((4,), 2.0)) for g in got), got
 
     # A real mismatch: one rank's collective has another shape.
     def other_shape(rank):
