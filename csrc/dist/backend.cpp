@@ -546,15 +546,35 @@ c10::intrusive_ptr<c10d::Backend> make_backend(const c10::intrusive_ptr<c10d::St
   return c10::make_intrusive<TpuDist>(store, rank, size, host, timeout, detail);
 }
 
+namespace {
+// A call that finished before returning. (Work::create_from_future's result()
+// reads a future made in Python, so it cannot carry ours.)
+class DoneWork final : public Work {
+ public:
+  explicit DoneWork(Tensors outputs)
+      : Work(-1, c10d::OpType::UNKNOWN), outputs_(std::move(outputs)) {
+    std::vector<c10::Device> devices;
+    for (auto& t : outputs_)
+      if (on_tpu(t) && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
+        devices.push_back(t.device());
+    future_ = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()), devices);
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds) override { return true; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  Tensors outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> completed_work(const std::vector<at::Tensor>& outputs) {
-  std::vector<c10::Device> devices;
-  for (auto& t : outputs)
-    if (on_tpu(t) && std::find(devices.begin(), devices.end(), t.device()) == devices.end())
-      devices.push_back(t.device());
-  auto fut = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                      devices);
-  fut->markCompleted(c10::IValue(outputs));
-  return c10d::Work::create_from_future(fut);
+  return c10::make_intrusive<DoneWork>(outputs);
 }
 
 std::vector<KindCount> collective_report() {

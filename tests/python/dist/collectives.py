@@ -203,6 +203,8 @@ work = dist.all_reduce(t, async_op=True)
 work.wait()
 fut_val = work.get_future().wait()
 same(fut_val[0], torch.full((3,), float(n * (n + 1) // 2)), "async all_reduce future")
+assert work.is_completed()
+same(work.result()[0], torch.full((3,), float(n * (n + 1) // 2)), "async all_reduce result()")
 
 # Coalesced calls: the manager's work completes with every output.
 with dist._coalescing_manager(async_ops=True) as cm:
@@ -231,8 +233,9 @@ for o, big in zip(outs, bigs):
     r = torch.empty(o.shape)
     dist.reduce_scatter_tensor(r, big.clone(), group=gloo)
     same(o, r, "reduce_scatter_tensor_coalesced")
-assert torchtpu.metrics()["collectives"].get("reduce_scatter_tensor_coalesced", {}).get("calls"), \
+assert torchtpu.metrics()["collectives"].get("reduce_scatter_tensor_coalesced", {}).get("calls"), (
     torchtpu.metrics()["collectives"]
+)
 
 # The backend keeps no reference to finished outputs: their memory comes back.
 torch.tpu.synchronize()
@@ -252,6 +255,8 @@ stats = torchtpu.metrics()["collectives"]
 assert stats["all_reduce"]["calls"] >= 3 * 6, stats
 assert stats["all_reduce"]["host_copy_bytes"] > 0, stats
 if torchtpu.get_eager_mode() == "fused":
-    assert torchtpu.metrics()["fused_cuts"].get("collective", 0) > 0, torchtpu.metrics()["fused_cuts"]
+    assert torchtpu.metrics()["fused_cuts"].get("collective", 0) > 0, torchtpu.metrics()[
+        "fused_cuts"
+    ]
 print(f"rank {rank}: {len(checked)} checks bit-identical to gloo; seq {seq}", flush=True)
 dist.destroy_process_group()

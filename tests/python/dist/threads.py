@@ -95,7 +95,9 @@ def check_collectives():
                 out["reduce_scatter premul"] = rs
                 assert torch.equal(mine.cpu(), xs[rank].to(dtype)), "inputs must not change"
             b = mine.clone()
-            dist.broadcast(b, src=2)
+            work = dist.broadcast(b, src=2, async_op=True)
+            assert work.wait() and work.is_completed()
+            assert work.result()[0] is b and work.get_future().value()[0] is b
             out["broadcast"] = b
             a2a = torch.empty_like(mine)
             dist.all_to_all_single(a2a, mine)
