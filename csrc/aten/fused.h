@@ -27,6 +27,9 @@ void fused_flush_device(int device, const char* reason);
 // other threads' fused_flush leave that device's graph to it.
 void set_rank_device(int device, bool on);
 bool rank_device(int device);
+// What the rank thread of `device` waits for now ("its thread waits for the
+// lock of tpu:1's Fused graph ..."), or "": named when it misses a collective.
+std::string rank_wait(int device);
 // SPMD mode (TORCHTPU_SPMD=1, torchtpu.distributed.spmd): thread ranks record
 // their collectives into their graphs (dist/local.h); on their devices,
 // calls never run on the host or bucketed, so every rank records the same.

@@ -118,6 +118,19 @@ Graph& graph(int device);
 // The graphs made so far, by device.
 std::vector<Graph*> graphs();
 
+// While a thread rank waits for `g`'s lock, its rendezvous can name the wait
+// when the rank misses a collective (rank_wait).
+class RankWait {
+ public:
+  explicit RankWait(const Graph& g);
+  ~RankWait();
+  RankWait(const RankWait&) = delete;
+  RankWait& operator=(const RankWait&) = delete;
+
+ private:
+  int device_;
+};
+
 // Holds `g.mu`. A thread that must wait for it waits through the bindings'
 // wait hook (set_wait_hook), without Python's GIL.
 class GraphLock {

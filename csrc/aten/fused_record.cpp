@@ -196,7 +196,10 @@ void forget_freed(Graph& g) {
 }  // namespace
 
 fused::GraphLock::GraphLock(Graph& g) : lock_(g.mu, std::try_to_lock) {
-  if (!lock_.owns_lock()) run_without_gil([this] { lock_.lock(); });
+  if (!lock_.owns_lock()) {
+    RankWait note(g);
+    run_without_gil([this] { lock_.lock(); });
+  }
   if (!t_held) {
     t_held = &g;
     outermost_ = true;

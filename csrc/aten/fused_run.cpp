@@ -38,6 +38,9 @@ std::array<std::atomic<Graph*>, kMaxGraphs> g_graphs{};
 std::mutex g_graphs_mu;
 // Per device: thread ranks recording there (set_rank_device).
 std::array<std::atomic<int>, kMaxGraphs> g_rank_devices{};
+// Per device: 1 + the device whose graph lock its rank thread waits for, or 0.
+std::array<std::atomic<int>, kMaxGraphs> g_rank_waits{};
+thread_local int t_rank_device = -1;  // this thread is the rank recording there
 }  // namespace
 
 Graph& graph(int device) {
@@ -505,7 +508,25 @@ void fused_flush_device(int device, const char* reason) {
 }
 
 void set_rank_device(int device, bool on) {
-  if (device >= 0 && device < kMaxGraphs) g_rank_devices[device] += on ? 1 : -1;
+  if (device < 0 || device >= kMaxGraphs) return;
+  g_rank_devices[device] += on ? 1 : -1;
+  if (on)
+    t_rank_device = device;  // the backend is made on its rank's thread
+  else if (t_rank_device == device)
+    t_rank_device = -1;
+}
+
+fused::RankWait::RankWait(const Graph& g) : device_(t_rank_device) {
+  if (device_ >= 0) g_rank_waits[device_] = g.device + 1;
+}
+fused::RankWait::~RankWait() {
+  if (device_ >= 0) g_rank_waits[device_] = 0;
+}
+
+std::string rank_wait(int device) {
+  if (device < 0 || device >= kMaxGraphs || g_rank_waits[device] == 0) return "";
+  return "its thread waits for the lock of tpu:" + std::to_string(g_rank_waits[device] - 1) +
+         "'s Fused graph (held by a thread that runs or records it)";
 }
 
 bool rank_device(int device) {

@@ -194,6 +194,8 @@ class Rendezvous {
       else if (!left_[k].empty())
         r.lines[k] =
             "left the group before collective #" + std::to_string(seq) + " (" + left_[k] + ")";
+      else if (std::string w = aten::rank_wait(devices_[k]); !w.empty())
+        r.lines[k] = "did not reach collective #" + std::to_string(seq) + ": " + w;
     }
   }
 

@@ -791,6 +791,30 @@ def check_spmd():
                 got = run_on_devices(free_other, 2, args=(free,), timeout=8, join_timeout=JOIN)
                 assert all(torch.equal(g, torch.full((4,), 2.0)) for g in got), got
 
+        # A read of it instead must wait for that graph: both fail at the timeout, and
+        # the error says what rank 0 waits for.
+        def read_other(rank):
+            t = torch.ones(4, device="tpu")
+            x = t * 3
+            dist.all_reduce(t)
+            if rank == 1:
+                shared["x"], x = x, None
+                made.set()
+                return t.cpu()
+            assert made.wait(JOIN)
+            time.sleep(1)
+            return shared["x"].cpu()
+
+        made.clear()
+        with spmd():
+            e, seconds = expect_failure(read_other, 2, timeout=3)
+        msg = str(e) + "".join(getattr(e, "__notes__", []))
+        assert (
+            "rank 0: did not reach collective #1: its thread waits for the lock of tpu:1's "
+            "Fused graph" in msg
+        ), msg
+        assert seconds < 20, seconds
+
     # A real mismatch: one rank's collective has another shape.
     def other_shape(rank):
         t = torch.ones(3 if rank == 1 else 4, device="tpu")
