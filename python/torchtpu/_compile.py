@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import _C
-from ._modes import eager_mode
+from ._modes import thread_mode
 
 _DECOMPOSITIONS: dict | None = None
 _OPTIONS = {"bounded_dynamism", "buckets"}
@@ -105,7 +105,7 @@ def _run_fused(gm: Callable, args: Sequence[Any], capture: bool = False) -> tupl
     handle of its captured program (0 when it cannot be replayed)."""
     _C.flush_reason("compiled_graph")
     handle = 0
-    with eager_mode("fused"):
+    with thread_mode("fused"):
         was = _C.set_compiled_graph(True)
         try:
             if capture:

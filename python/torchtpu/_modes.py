@@ -18,7 +18,10 @@ def get_eager_mode() -> str:
 class eager_mode:
     """``torchtpu.eager_mode("fused")`` sets the mode globally; used as a context
     manager it sets it for this thread only, restoring the previous one on exit
-    (the innermost context wins)."""
+    (the innermost context wins). Between the call and the ``with`` taking it over,
+    the global mode is briefly ``mode``: threads that enter ``with eager_mode(...)``
+    at the same moment can leave the global mode changed, so set one global mode
+    before starting threads."""
 
     def __init__(self, mode: str) -> None:
         if mode not in _MODES:
@@ -42,3 +45,21 @@ class eager_mode:
     def __exit__(self, *exc: object) -> None:
         _C.pop_thread_mode()
         log.debug("eager mode %s left; now %s", self.mode, _C.get_mode())
+
+
+class thread_mode:
+    """Sets the eager mode for this thread only while entered, never touching the
+    global one: for the package's own threads (thread ranks, compiled graphs), where
+    ``eager_mode``'s brief global change would race with other threads'."""
+
+    def __init__(self, mode: str) -> None:
+        if mode not in _MODES:
+            raise ValueError(f"unknown eager mode {mode!r}; expected one of {_MODES}")
+        self.mode = mode
+
+    def __enter__(self) -> Self:
+        _C.push_thread_mode(self.mode)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _C.pop_thread_mode()

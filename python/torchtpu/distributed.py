@@ -288,7 +288,7 @@ def run_on_devices(
     results: list = [None] * n
     errors: list = [None] * n
     worlds = _enter_threads()
-    from ._modes import eager_mode, get_eager_mode
+    from ._modes import get_eager_mode, thread_mode
 
     mode = get_eager_mode()  # the caller's (maybe thread-local) eager mode, in every rank
     hook = sys.excepthook  # init_process_group chains a rank prefix onto it per rank
@@ -300,7 +300,7 @@ def run_on_devices(
         try:
             torch.tpu.set_device(rank)
             # Backward runs on this thread, so hooks see this rank's groups.
-            with torch.autograd.set_multithreading_enabled(False), eager_mode(mode):
+            with torch.autograd.set_multithreading_enabled(False), thread_mode(mode):
                 dist.init_process_group(
                     LOCAL, store=store, rank=rank, world_size=n, timeout=timeout
                 )

@@ -156,6 +156,18 @@ def test_graph_break_falls_back_to_eager():
     assert_tpu_close(got, ((x.cpu().sin() * 2) + 1).cos())
 
 
+def test_compiled_calls_leave_the_global_mode_alone(monkeypatch):
+    """A compiled graph runs in Fused Eager for its own thread only: it used to set the
+    global mode and undo it on every call, racing with other threads (thread ranks)."""
+    fn = torch.compile(lambda x: (x.sin() * 2).sum(), backend="tpu")
+    x = torch.randn(5, device="tpu")
+    calls = []
+    monkeypatch.setattr(torchtpu._C, "set_mode", calls.append)
+    got = fn(x)  # compiles, and runs the graph through Fused Eager once
+    assert calls == [], calls
+    assert_tpu_close(got, (x.cpu().sin() * 2).sum())
+
+
 def _raised_by_backend(fn, *args) -> BaseException:
     """The backend's own exception (Dynamo wraps it in BackendCompilerFailed)."""
     with pytest.raises(Exception) as info:

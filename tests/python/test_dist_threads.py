@@ -53,3 +53,19 @@ def test_fsdp2_and_dtensor_in_spmd_mode():
         timeout=120,
     )
     assert "fsdp_dtensor ok" in proc.stdout, proc.stdout
+
+
+def test_rank_threads_leave_the_global_mode_alone(monkeypatch):
+    """Each rank thread takes the caller's mode for itself only. It used to set the
+    global mode and undo it on entering; two ranks starting at once could leave the
+    global mode Fused, and then a rank's exit skipped the flush of its graph (a later
+    group ran that stale graph's collective)."""
+    import torchtpu
+    from torchtpu import _C
+    from torchtpu.distributed import run_on_devices
+
+    with torchtpu.eager_mode("fused"):
+        calls = []
+        monkeypatch.setattr(_C, "set_mode", calls.append)
+        modes = run_on_devices(lambda rank: torchtpu.get_eager_mode(), 1)
+    assert modes == ["fused"] and calls == [], (modes, calls)
