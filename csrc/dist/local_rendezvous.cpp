@@ -63,8 +63,8 @@ class Rendezvous {
   Met meet(uint64_t seq, int step, int rank, Entry entry, const Program& prog,
            std::chrono::milliseconds timeout) {
     // A finished round dies after the lock is released: its calls hold the
-    // ranks' tensors, whose frees wait for their graphs' locks, whose holders
-    // may be waiting here.
+    // ranks' tensors, and their frees run storage hooks, which must not run
+    // under a lock that ranks holding their graphs wait for.
     std::optional<Round> dead;
     std::unique_lock<std::mutex> lock(mu_);
     if (!broken_.empty())
