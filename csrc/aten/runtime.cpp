@@ -320,23 +320,9 @@ void add_bytes_in_use(int64_t delta) {
   }
 }
 
-void release_storage(DeviceStorage* s);
-
 void delete_storage(void* ctx) {
   auto* s = static_cast<DeviceStorage*>(ctx);
-  if (!publish_storage_freed(s)) release_storage(s);
-}
-
-void release_storage(DeviceStorage* s) {
-  {
-    std::lock_guard<std::mutex> lock(memory_mu());
-    DeviceStats& st = device_stats()[s->device];
-    add_bytes(st, -static_cast<int64_t>(s->nbytes));
-    for (auto* a : {&st.allocation, &st.segment, &st.active}) (*a)[kAll].decrease(1);
-    st.num_device_free++;
-  }
-  metrics().bytes_in_use -= static_cast<int64_t>(s->nbytes);
-  delete s;
+  if (!publish_storage_freed(s)) free_storage(s);
 }
 
 // Counts the allocation of `n` bytes on `dev`, or raises OutOfMemoryError when
@@ -397,7 +383,17 @@ TpuAllocator g_allocator;
 
 }  // namespace
 
-void free_storage(DeviceStorage* s) { release_storage(s); }
+void free_storage(DeviceStorage* s) {
+  {
+    std::lock_guard<std::mutex> lock(memory_mu());
+    DeviceStats& st = device_stats()[s->device];
+    add_bytes(st, -static_cast<int64_t>(s->nbytes));
+    for (auto* a : {&st.allocation, &st.segment, &st.active}) (*a)[kAll].decrease(1);
+    st.num_device_free++;
+  }
+  metrics().bytes_in_use -= static_cast<int64_t>(s->nbytes);
+  delete s;
+}
 
 c10::Allocator* allocator() { return &g_allocator; }
 

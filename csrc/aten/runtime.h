@@ -76,7 +76,8 @@ struct DeviceStorage {
 };
 
 DeviceStorage& device_storage(const c10::Storage& storage);
-// Frees a storage a storage-freed handler kept (events.h).
+// Releases a dead storage: at its free, or later when a storage-freed handler
+// kept it (events.h).
 void free_storage(DeviceStorage* s);
 c10::Allocator* allocator();
 // Bytes the allocator hands out per device: TORCHTPU_MEMORY_LIMIT, else the
