@@ -767,11 +767,11 @@ def check_spmd():
             assert (cuts.get("spmd_programs_differ", 0) > 0) == log or not log, cuts
 
     if fused:
-        # Rank 0 frees a tensor of rank 1's graph while rank 1 waits for it in the
-        # SPMD meet, holding that graph: the free must not wait for the graph.
+        # Rank 1 waits for rank 0 in the SPMD meet, holding its graph, while rank 0
+        # touches rank 1's tensor x: keeps it, frees it, or reads it.
         shared, made = {}, threading.Event()
 
-        def free_other(rank, free):
+        def touch_other(rank, action):
             t = torch.ones(4, device="tpu")
             x = t * 3  # the same program on both ranks
             dist.all_reduce(t)
@@ -780,34 +780,25 @@ def check_spmd():
                 made.set()
                 return t.cpu()  # runs the graph: waits in the meet for rank 0
             assert made.wait(JOIN)
-            if free:
+            if action != "keep":
                 time.sleep(1)  # rank 1 is in the meet by now
+            if action == "read":
+                return shared["x"].cpu()
+            if action == "free":
                 del shared["x"]
             return t.cpu()
 
         with spmd():
-            for free in (False, True):  # the first compiles, the second meets at once
+            # A free must not wait for the graph (the first run compiles, the second
+            # meets at once).
+            for action in ("keep", "free"):
                 made.clear()
-                got = run_on_devices(free_other, 2, args=(free,), timeout=8, join_timeout=JOIN)
+                got = run_on_devices(touch_other, 2, args=(action,), timeout=8, join_timeout=JOIN)
                 assert all(torch.equal(g, torch.full((4,), 2.0)) for g in got), got
-
-        # A read of it instead must wait for that graph: both fail at the timeout, and
-        # the error says what rank 0 waits for.
-        def read_other(rank):
-            t = torch.ones(4, device="tpu")
-            x = t * 3
-            dist.all_reduce(t)
-            if rank == 1:
-                shared["x"], x = x, None
-                made.set()
-                return t.cpu()
-            assert made.wait(JOIN)
-            time.sleep(1)
-            return shared["x"].cpu()
-
-        made.clear()
-        with spmd():
-            e, seconds = expect_failure(read_other, 2, timeout=3)
+            # A read must wait for it: both fail at the timeout, and the error says what
+            # rank 0 waits for.
+            made.clear()
+            e, seconds = expect_failure(lambda rank: touch_other(rank, "read"), 2, timeout=3)
         msg = str(e) + "".join(getattr(e, "__notes__", []))
         assert (
             "rank 0: did not reach collective #1: its thread waits for the lock of tpu:1's "
