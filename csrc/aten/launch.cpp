@@ -19,6 +19,7 @@
 #include "aten/events.h"
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
+#include "hlo/work.h"
 #include "lower/types.h"
 
 namespace torchtpu::aten {
@@ -107,6 +108,38 @@ const pjrt::CompileOptions& quick_options() {
   static const pjrt::CompileOptions o{
       .overrides = {{"xla_backend_optimization_level", int64_t{0}}}};
   return o;
+}
+
+// Small programs' build: XLA's elemental emitter (the newer fusion emitter
+// builds an MLIR context per fusion, most of a small program's compile) and
+// LLVM at level 1: about 1.5x faster to compile, loops as fast at these sizes.
+// (Level 0 with the elemental emitter compiles faster still, but lost part of
+// amax's gradient after a gelu in test_compile's masked reductions.)
+const pjrt::CompileOptions& small_options() {
+  static const pjrt::CompileOptions o{.overrides = {{"xla_backend_optimization_level", int64_t{1}},
+                                                    {"xla_cpu_use_fusion_emitters", false}}};
+  return o;
+}
+
+// Limits for a program whose loops are too small for optimized code to pay
+// (hlo::ModuleWork): loops of at most 2048 elements, dots and convolutions on
+// at most 16384 (a small gemv).
+constexpr int64_t kSmallLoopElements = 2048;
+constexpr int64_t kSmallDotElements = 16384;
+
+// Small programs on XLA:CPU get small_options() for good: their loops are too
+// short for the optimized build's speed to show, and a cold start is mostly
+// such compiles (a decode step's ops, a bias's gradient). Decided by the
+// program text alone, so a program always gets the same build, in every mode
+// and run. TORCHTPU_SMALL_QUICK=0 compiles them optimized.
+bool small_and_cpu(const std::string& mlir) {
+  static const bool on = [] {
+    const char* v = std::getenv("TORCHTPU_SMALL_QUICK");
+    return !(v && std::string(v) == "0") && client().platform_name() == "cpu";
+  }();
+  if (!on) return false;
+  const hlo::ModuleWork work = hlo::module_work(mlir);
+  return work.loop <= kSmallLoopElements && work.dot <= kSmallDotElements;
 }
 
 // Background compiles of optimized builds. Workers hold entries weakly: a
@@ -283,23 +316,37 @@ pjrt::ExecutablePtr compile_cached(const std::string& mlir, const pjrt::CompileO
   return counted(source, std::move(exe), t0);
 }
 
+namespace {
+
+// A quick or small build through the cache, counted apart.
+pjrt::ExecutablePtr quick_build(const std::string& mlir, const pjrt::CompileOptions& options,
+                                std::chrono::steady_clock::time_point t0) {
+  cache::Source source;
+  pjrt::ExecutablePtr exe = cache::process_cache(client_ptr()).get(mlir, options, &source);
+  if (source == cache::Source::Compiled) metrics().quick_compiles++;
+  return counted(source, std::move(exe), t0);
+}
+
+}  // namespace
+
 void compile_program(const std::string& mlir, Launchable& entry) {
+  auto t0 = std::chrono::steady_clock::now();
+  if (small_and_cpu(mlir)) {
+    entry.exe = quick_build(mlir, small_options(), t0);
+    return;
+  }
   // Quick builds may round differently in the last bit (no FMA contraction):
   // under torch.use_deterministic_algorithms a program keeps one build.
   if (!tiered_enabled() || at::globalContext().deterministicAlgorithms()) {
     entry.exe = compile_cached(mlir);
     return;
   }
-  auto t0 = std::chrono::steady_clock::now();
-  auto& cc = cache::process_cache(client_ptr());
   cache::Source source;
-  if (pjrt::ExecutablePtr exe = cc.find(mlir, {}, &source)) {
+  if (pjrt::ExecutablePtr exe = cache::process_cache(client_ptr()).find(mlir, {}, &source)) {
     entry.exe = counted(source, std::move(exe), t0);
     return;
   }
-  pjrt::ExecutablePtr quick = cc.get(mlir, quick_options(), &source);
-  entry.exe = counted(source, std::move(quick), t0);
-  if (source == cache::Source::Compiled) metrics().quick_compiles++;
+  entry.exe = quick_build(mlir, quick_options(), t0);
   entry.quick_mlir = mlir;
   entry.tier.store(Launchable::Quick, std::memory_order_release);
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hlo/builder.h"
+#include "hlo/work.h"
 #include "pjrt/pjrt.h"
 
 namespace torchtpu::hlo {
@@ -681,6 +682,43 @@ TEST(HloRun, FftKinds) {
   Value c = b.param(Type{DType::C64, {2, 3}});
   std::string bad = build_error([&] { b.fft(c, Fft::IRFFT, {8}); });
   EXPECT_NE(bad.find("n/2+1"), std::string::npos) << bad;
+}
+
+// The loop and dot sizes the runtime picks compile settings by.
+TEST(HloText, ModuleWorkCountsLoopsAndDots) {
+  {  // An elementwise op and a reduction: their operands and results.
+    Builder b;
+    Value x = b.param(Type{DType::F32, {64, 64}});
+    Value s = b.reduce(b.binary("add", x, x), b.constant(0.0, DType::F32), {0, 1}, Reducer::Add);
+    b.ret({s});
+    ModuleWork w = module_work(b.module());
+    EXPECT_EQ(w.loop, 4096);
+    EXPECT_EQ(w.dot, 0);
+  }
+  {  // A gather reads a large table's rows: only its result counts; arguments not.
+    Builder b;
+    Value table = b.param(Type{DType::F32, {512, 64}});
+    Value idx = b.param(Type{DType::I64, {5}});
+    b.ret({b.binary("multiply", b.gather_flat(b.reshape(table, {512 * 64}), idx),
+                    b.splat(2.0, Type{DType::F32, {5}}))});
+    ModuleWork w = module_work(b.module());
+    EXPECT_EQ(w.loop, 5);
+  }
+  {  // A gemv on a flat weight: the reshape is a bitcast; the dot counts apart.
+    Builder b;
+    Value x = b.param(Type{DType::F32, {1, 64}});
+    Value w = b.reshape(b.param(Type{DType::F32, {64 * 256}}), {64, 256});
+    b.ret({b.unary("tanh", b.dot_general(x, w, {}, {}, {1}, {0}, DType::F32))});
+    ModuleWork work = module_work(b.module());
+    EXPECT_EQ(work.loop, 256);
+    EXPECT_EQ(work.dot, 64 * 256);
+  }
+  {  // A slice of a large operand counts its result.
+    Builder b;
+    Value x = b.param(Type{DType::F32, {100, 100}});
+    b.ret({b.unary("negate", b.slice(x, {0, 0}, {2, 100}, {1, 1}))});
+    EXPECT_EQ(module_work(b.module()).loop, 200);
+  }
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
-"""Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a program the cache has
-no optimized build of is compiled quick first, then replaced by the optimized build once it has run a few times
-(compiled in the background). Values change at most in the last bits across
-the swap (none under deterministic algorithms), and the next process finds the
-optimized builds in the disk cache."""
+"""Cheaper builds. Small programs get cheaper compile settings for good
+(XLA:CPU), counted as quick compiles. Tiered
+compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a larger program the cache has no
+optimized build of is compiled quick first, then replaced by the optimized
+build once it has run a few times (compiled in the background). Values change
+at most in the last bits across the swap (none under deterministic
+algorithms), and the next process finds the optimized builds in the disk
+cache."""
 
 from __future__ import annotations
 
@@ -49,7 +52,12 @@ print(json.dumps(dict(quick_after_first=quick, quick=m["quick_compiles"], tier_u
 
 def run(tmp_path, mode="strict", runs=2, env=None, deterministic=False):
     code = SCRIPT.format(mode=mode, runs=runs, deterministic=deterministic)
-    env = {"TORCHTPU_CACHE_DIR": str(tmp_path), "TORCHTPU_TIERED_COMPILE": "1", **(env or {})}
+    env = {
+        "TORCHTPU_CACHE_DIR": str(tmp_path),
+        "TORCHTPU_TIERED_COMPILE": "1",
+        "TORCHTPU_SMALL_QUICK": "0",  # every program here tiers
+        **(env or {}),
+    }
     out = check_py(code, env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -86,3 +94,46 @@ def test_off_by_default_and_under_deterministic_algorithms(tmp_path, how):
     m = run(tmp_path, **how)
     assert m["quick"] == 0 and m["tier_ups"] == 0 and m["compiles"] > 0, m
     assert m["same"] and m["close"], m
+
+
+# Small and large programs in one mode: how many compiled quick, and whether
+# each result matches the CPU's (and, for the small one, its exact bits in a
+# second process: one build per program, whatever ran before).
+SMALL = """
+import json, torch, torchtpu
+torchtpu.eager_mode({mode!r})
+
+def f(x, w):
+    return torch.softmax(torch.tanh(x @ w) * 3 + 1, -1).sum(0)
+
+def quick():
+    return torchtpu.metrics()["quick_compiles"]
+
+torch.manual_seed(0)
+out = {{}}
+for name, n in (("small", 16), ("large", 256)):
+    x, w = torch.randn(n, 32), torch.randn(32, n)
+    q = quick()
+    y = f(x.to("tpu"), w.to("tpu")).cpu()
+    out[name] = quick() - q
+    out[name + "_close"] = torch.allclose(y, f(x, w), rtol=1e-5, atol=1e-6)
+    out[name + "_bits"] = y.view(torch.int32).tolist()
+print(json.dumps(out))
+"""
+
+
+def run_small(tmp_path, mode, env=None):
+    env = {"TORCHTPU_CACHE_DIR": str(tmp_path), **(env or {})}
+    return json.loads(check_py(SMALL.format(mode=mode), env).stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_small_programs_get_the_cheaper_build(tmp_path, mode):
+    m = run_small(tmp_path / "a", mode)
+    assert m["small"] >= 1 and m["large"] == 0, m
+    assert m["small_close"] and m["large_close"], m
+    off = run_small(tmp_path / "b", mode, {"TORCHTPU_SMALL_QUICK": "0"})
+    assert off["small"] == 0 and off["large"] == 0, off
+    assert off["small_close"], off
+    again = run_small(tmp_path / "c", mode)
+    assert again["small_bits"] == m["small_bits"], (again, m)

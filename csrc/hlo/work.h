@@ -1,0 +1,22 @@
+// How large the loops of a StableHLO module are, read from its text: the
+// runtime picks XLA:CPU's compile settings by it (aten/launch.cpp).
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+namespace torchtpu::hlo {
+
+struct ModuleWork {
+  // The most elements of a tensor that an elementwise, reduction or
+  // data-movement op reads or writes. Gathers and slices count their results
+  // (they read what they return); reshapes and @main's arguments count not
+  // at all (a reshape of a flat storage is a bitcast).
+  int64_t loop = 0;
+  // The most elements of a dot or convolution operand or result.
+  int64_t dot = 0;
+};
+
+// Of a module in the generic form Builder::module() writes (one op a line).
+ModuleWork module_work(std::string_view text);
+
+}  // namespace torchtpu::hlo
