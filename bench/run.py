@@ -444,6 +444,65 @@ def print_depthwise() -> None:
         print(f"| C={c}, H={h}, stride {s} | {cf:.0f} | {tf:.0f} | {cb:.0f} | {tb:.0f} |")
 
 
+# One process of the small-program table: Strict programs of a decode step's kinds
+# (pointwise, gelu, softmax, a gemv, a sum) at one size, compiled into an empty cache;
+# prints the compile time per program and the warm time of the step.
+_SMALL_CHILD = """
+import json, statistics, sys, time
+import torch, torch.nn.functional as F, torchtpu
+n = int(sys.argv[2])
+torchtpu.eager_mode("strict")
+torch.manual_seed(0)
+x, w = torch.randn(n // 64, 64).to("tpu"), torch.randn(64, 64).to("tpu")
+
+def step():
+    return (F.gelu(x * 2 + 1).softmax(-1) @ w).sum(-1)
+
+m0 = torchtpu.metrics()
+step().cpu()
+m1 = torchtpu.metrics()
+times = []
+for _ in range(7):
+    torch.tpu.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(100):
+        step()
+    torch.tpu.synchronize()
+    times.append((time.perf_counter() - t0) / 100)
+print(json.dumps({"compiles": m1["compiles"] - m0["compiles"],
+                  "quick": m1["quick_compiles"] - m0["quick_compiles"],
+                  "compile_s": m1["compile_seconds"] - m0["compile_seconds"],
+                  "step": statistics.median(times)}))
+"""
+
+
+def print_small_programs(rounds: int = 3) -> None:
+    """Small programs' compile settings (TORCHTPU_SMALL_QUICK, on by default) against the
+    optimized build: compile ms per program and warm µs per step, medians of `rounds`
+    alternating fresh processes."""
+    print(
+        "\n| Strict step of 6 small programs (x: [n/64, 64]) | elements | build "
+        "| compiled quick | compile ms per program | warm µs per step |"
+    )
+    print("|---|---:|---|---:|---:|---:|")
+    for n in (64, 512, 2048):
+        res: dict[str, list[dict]] = {"1": [], "0": []}
+        for _ in range(rounds):
+            for flag, runs in res.items():
+                with tempfile.TemporaryDirectory(prefix="torchtpu-bench-small-") as cache_dir:
+                    runs.append(
+                        _run_child(_SMALL_CHILD, [str(n)], cache_dir, TORCHTPU_SMALL_QUICK=flag)
+                    )
+        for flag, label in (("1", "small (default)"), ("0", "optimized")):
+            rs = res[flag]
+            per = statistics.median(r["compile_s"] / max(r["compiles"], 1) for r in rs)
+            step = statistics.median(r["step"] for r in rs)
+            print(
+                f"| gelu, softmax, gemv | {n} | {label} | {rs[0]['quick']} / {rs[0]['compiles']} "
+                f"| {per * 1e3:.1f} | {step * 1e6:.0f} |"
+            )
+
+
 def small_models(gen: torch.Generator) -> dict:
     """The MLP's and the CNN's models and batches (as the eager tables use)."""
     from models import MobileCNN
@@ -578,6 +637,9 @@ def main() -> None:
         "--compiled-only", action="store_true", help="only the compiled training step tables"
     )
     ap.add_argument("--depthwise-only", action="store_true", help="only the depthwise conv table")
+    ap.add_argument(
+        "--small-only", action="store_true", help="only the small programs' compile table"
+    )
     args = ap.parse_args()
     if args.cache_only:
         print_cold_vs_warm()
@@ -596,6 +658,9 @@ def main() -> None:
         return
     if args.depthwise_only:
         print_depthwise()
+        return
+    if args.small_only:
+        print_small_programs()
         return
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -646,6 +711,7 @@ def main() -> None:
     print_compiled(gpt_batches, args.rounds, args.steps)
     print_compiled_small(small_models(gen), args.rounds, args.steps)
     print_depthwise()
+    print_small_programs()
     print(
         f"\ncompiles: {m['compiles']}, cache hits: {m['cache_hits']}, "
         f"compile seconds: {m['compile_seconds']:.1f}, fused graphs: {m['fused_graphs']} "
