@@ -47,14 +47,12 @@ class eager_mode(thread_mode):
         super().__init__(mode)
         self._global_prev = _C.get_global_mode()
         _C.set_mode(mode)
-        self._entered = False
         log.debug("eager_mode(%r): the global mode until a `with` makes it thread-local", mode)
 
     def __enter__(self) -> Self:
         # Undo the global change made by the constructor: a `with` is thread-local.
         _C.set_mode(self._global_prev)
         super().__enter__()
-        self._entered = True
         log.debug("eager mode %s entered on this thread", self.mode)
         return self
 
