@@ -519,7 +519,8 @@ def small_models(gen: torch.Generator) -> dict:
 
 
 # One process of the cold-start benchmark: a fresh compile cache, `model` trained in
-# `mode` for 4 steps (the first timed alone), then, once the background compiles
+# `mode` for 4 steps (the first timed alone; each step until all its work is done,
+# which with async compiles can be after `loss.item()`), then, once the background compiles
 # are done, 4 more. Mode "cpu" is the torch CPU eager reference (same steps on CPU).
 # MobileNetV3-Small runs the ImageNet model (1000 classes) at its own 224x224
 # resolution, so its programs have the shapes a user of the real model compiles;
@@ -557,6 +558,8 @@ def steps(n):
         loss.backward()
         opt.step()
         loss.item()
+        if device == "tpu":
+            torch.tpu.synchronize()  # the step's work is done, not only the loss
         out.append(time.perf_counter() - t0)
     return out
 
@@ -581,41 +584,41 @@ COLD_MODELS = {
 
 def print_cold_start(models: tuple[str, ...] = ("cnn", "gpt", "mnv3")) -> None:
     """First training step in a fresh process with an empty compile cache, with tiered
-    compiles (TORCHTPU_TIERED_COMPILE=1: quick builds first) and without (the default).
-    MobileNetV3-Small also gets the torch CPU eager reference and a tiered row with
-    another number of background compile threads (TORCHTPU_COMPILE_THREADS, default
-    cores - 1): 1 where the default is more, else 2."""
-    default_threads = max(1, (os.cpu_count() or 1) - 1)
+    compiles (TORCHTPU_TIERED_COMPILE=1: quick builds first) and without (the default),
+    and without async compiles (TORCHTPU_ASYNC_COMPILE=0: each compile waited for where
+    it is needed). MobileNetV3-Small also gets the torch CPU eager reference and rows
+    with one compile thread (TORCHTPU_COMPILE_THREADS=1; the default is the cores), so
+    the speed-up from more cores shows."""
+    cores = os.cpu_count() or 1
     print(
-        "\n| cold start (empty cache) | mode | tiered | tier-up threads | first step s "
+        "\n| cold start (empty cache) | mode | tiered | async | compile threads | first step s "
         "| compiles | compile s | steps 2-4 ms | background wait s | after tier-up ms |"
     )
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|")
     for model in models:
-        rows = [(mode, tiered, None) for mode in ("strict", "fused") for tiered in ("1", "0")]
+        rows = [(mode, tiered, "1", None) for mode in ("strict", "fused") for tiered in ("1", "0")]
+        rows += [(mode, "0", "0", None) for mode in ("strict", "fused")]
         if model == "mnv3":
-            other = "1" if default_threads > 1 else "2"
-            rows = [("cpu", "0", None)] + rows
-            rows += [(mode, "1", other) for mode in ("strict", "fused")]
-        for mode, tiered, threads in rows:
-            env = {"TORCHTPU_TIERED_COMPILE": tiered}
+            rows = [("cpu", "0", "1", None)] + rows
+            if cores > 1:
+                rows += [(mode, "1", "1", "1") for mode in ("strict", "fused")]
+        for mode, tiered, async_on, threads in rows:
+            env = {"TORCHTPU_TIERED_COMPILE": tiered, "TORCHTPU_ASYNC_COMPILE": async_on}
             if threads is not None:
                 env["TORCHTPU_COMPILE_THREADS"] = threads
             with tempfile.TemporaryDirectory(prefix="torchtpu-bench-cold-") as cache_dir:
                 r = _run_child(_COLD_CHILD, [model, mode], cache_dir, **env)
             if mode == "cpu":
                 print(
-                    f"| {COLD_MODELS[model]} | torch CPU eager | | | {r['first']:.2f} | | "
+                    f"| {COLD_MODELS[model]} | torch CPU eager | | | | {r['first']:.2f} | | "
                     f"| {r['next'] * 1e3:.1f} | | {r['after'] * 1e3:.1f} |"
                 )
                 continue
-            threads_cell = ""
-            if tiered == "1":
-                threads_cell = threads or f"default ({default_threads})"
             fallbacks = f" ({r['fallbacks']} CPU fallbacks)" if r["fallbacks"] else ""
             print(
                 f"| {COLD_MODELS[model]} | {mode} | {'yes' if tiered == '1' else 'no'} "
-                f"| {threads_cell} | {r['first']:.2f} | {r['compiles']}{fallbacks} "
+                f"| {'yes' if async_on == '1' else 'no'} | {threads or f'default ({cores})'} "
+                f"| {r['first']:.2f} | {r['compiles']}{fallbacks} "
                 f"| {r['compile_s']:.2f} | {r['next'] * 1e3:.1f} | {r['waited']:.2f} "
                 f"| {r['after'] * 1e3:.1f} |"
             )

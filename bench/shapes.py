@@ -131,13 +131,18 @@ def main() -> None:
     print("|---|---|---:|---:|---|---:|---:|---:|---:|---|---:|")
     off = {"TORCHTPU_EAGER_BUCKETS": "0"}
     optimized = {"TORCHTPU_SMALL_QUICK": "0"}  # small programs compiled optimized
+    sync = {"TORCHTPU_ASYNC_COMPILE": "0"}  # each compile waited for where it is needed
+    one = {"TORCHTPU_COMPILE_THREADS": "1"}
     for cache, mode, n, env in (
         ("dynamic", "strict", 8, None),
+        ("dynamic", "strict", 8, sync),
+        ("dynamic", "strict", 8, one),
         ("dynamic", "strict", 8, optimized),
         ("dynamic", "strict", args.short, None),
         ("dynamic", "strict", args.long, None),
         ("dynamic", "strict", args.longest, None),
         ("dynamic", "fused", 8, None),
+        ("dynamic", "fused", 8, sync),
         ("dynamic", "fused", 8, optimized),
         ("dynamic", "fused", args.short, None),
         ("dynamic", "fused", args.longest, None),

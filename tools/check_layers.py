@@ -44,7 +44,7 @@ ATEN_RANKS = (
         "bucketed",
     )),
     ("program", ("program", "output_meta", "foreach", "op_info")),
-    ("launcher", ("launch",)),
+    ("launcher", ("launch", "async_runs")),
     ("runtime", ("runtime", "events", "generator")),
 )
 RANK = {stem: i for i, (_, stems) in enumerate(ATEN_RANKS) for stem in stems}

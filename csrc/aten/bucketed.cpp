@@ -567,6 +567,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
         made->outs.push_back({false, -1, outs.types[k].dtype, {v.type.numel()}});
       }
       p.finish(results, *made);
+      made->what = "aten::" + info.name + " (bucketed)";
       count_program(info.name + " (bucketed)");
       entry = made;
       add_program(key, entry);

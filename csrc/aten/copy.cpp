@@ -35,6 +35,7 @@ std::vector<pjrt::BufferPtr> run_internal(const char* kind, const std::string& k
     build(b);
     auto made = std::make_shared<Launchable>();
     compile_program(b.module(), *made);
+    made->what = kind;
     count_program(kind);
     add_program(key, made);
     entry = std::move(made);

@@ -265,7 +265,8 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
     // Not with SPMD collectives: every rank must build the same program, and
     // a rank's references to a buffer are its own.
     s.state.donate = donation() && g.spmd_group < 0 && s.st && s.captured &&
-                     s.captured.use_count() == 2 && s.st->buffer == s.captured;
+                     s.captured.use_count() - s.captured->queued_uses() == 2 &&
+                     s.st->buffer == s.captured;
     put(key, static_cast<int32_t>(o));
     put(key, s.state.donate);
   }
@@ -277,9 +278,10 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
     TraceScope trace("torchtpu::compile fused_graph", static_cast<int64_t>(order.size()));
     auto made = build(g, order, outs, failed);
     made->replica_single = order.size() == 1 && is_spmd_op(g.nodes[order[0]].op);
-    count_program("fused graph of " + std::to_string(order.size()) +
-                  " ops: aten::" + g.nodes[order.front()].info->name +
-                  " .. aten::" + g.nodes[order.back()].info->name);
+    made->what = "fused graph of " + std::to_string(order.size()) +
+                 " ops: aten::" + g.nodes[order.front()].info->name +
+                 " .. aten::" + g.nodes[order.back()].info->name;
+    count_program(made->what);
     add_program(std::move(key), made);
     entry = std::move(made);
   }

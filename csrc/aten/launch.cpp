@@ -13,9 +13,11 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
+#include "aten/async_runs.h"
 #include "aten/events.h"
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
@@ -329,7 +331,9 @@ pjrt::ExecutablePtr quick_build(const std::string& mlir, const pjrt::CompileOpti
 
 }  // namespace
 
-void compile_program(const std::string& mlir, Launchable& entry) {
+namespace {
+
+void compile_now(const std::string& mlir, Launchable& entry) {
   auto t0 = std::chrono::steady_clock::now();
   if (small_and_cpu(mlir)) {
     entry.exe = quick_build(mlir, small_options(), t0);
@@ -351,7 +355,40 @@ void compile_program(const std::string& mlir, Launchable& entry) {
   entry.tier.store(Launchable::Quick, std::memory_order_release);
 }
 
-void wait_tier_ups() { TierUps::get().wait_idle(); }
+}  // namespace
+
+void compile_program(const std::string& mlir, Launchable& entry) {
+  if (!async_runs::enabled()) return compile_now(mlir, entry);
+  // The result types let a launch queued later (behind another compile) hand out placeholders.
+  std::optional<std::vector<hlo::Type>> results = hlo::module_results(mlir);
+  if (results)
+    for (hlo::Type& t : *results) entry.results.emplace_back(t.dtype, std::move(t.shape));
+  std::shared_ptr<Launchable> self = entry.weak_from_this().lock();
+  // External functions (JAX) may pass through a Python translator, which needs
+  // the GIL that a waiting host thread holds: those compile here.
+  const bool external = mlir.rfind("module @m attributes {torchtpu.external", 0) == 0;
+  // Under torch.profiler the compile stays inside the op's range (its cache
+  // tier mark is recorded on this thread).
+  const bool profiled = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value();
+  if (!results || !self || external || profiled || mode() == Mode::Debug)
+    return compile_now(mlir, entry);
+  entry.state.store(Launchable::Compiling, std::memory_order_release);
+  async_runs::submit_compile([self = std::move(self), mlir] {
+    try {
+      compile_now(mlir, *self);
+      self->state.store(Launchable::Ready, std::memory_order_release);
+    } catch (const std::exception& e) {
+      self->compile_error = e.what();
+      self->state.store(Launchable::Failed, std::memory_order_release);
+    }
+    async_runs::compiled();
+  });
+}
+
+void wait_tier_ups() {
+  async_runs::wait_idle();
+  TierUps::get().wait_idle();
+}
 
 namespace {
 std::atomic<ReplicatedRunner> g_replicated{nullptr};
@@ -369,18 +406,11 @@ pjrt::CompileOptions replica_options(const std::vector<int64_t>& devices) {
   return options;
 }
 
-std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
-                                    const std::vector<pjrt::BufferPtr>& args, int device,
-                                    c10::function_ref<std::string()> what) {
-  if (entry.replica_group >= 0) {
-    ReplicatedRunner run = g_replicated;
-    TORCH_CHECK(run,
-                "[tpu] a program with SPMD collectives runs only on thread ranks "
-                "(torchtpu.distributed.run_on_devices)");
-    std::vector<pjrt::BufferPtr> outs = run(entry, args, device, what ? what() : "");
-    metrics().executions++;
-    return outs;
-  }
+namespace {
+
+// Runs the entry's current build now (PJRT only enqueues it).
+std::vector<pjrt::BufferPtr> run_now(const Launchable& entry,
+                                     const std::vector<pjrt::BufferPtr>& args, int device) {
   pjrt::Executable& exe = current_build(entry);
   pjrt::Buffer* small[16];
   std::vector<pjrt::Buffer*> big;
@@ -390,7 +420,40 @@ std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
     raw = big.data();
   }
   for (size_t i = 0; i < args.size(); ++i) raw[i] = args[i].get();
-  std::vector<pjrt::BufferPtr> outs = exe.execute({raw, args.size()}, device);
+  return exe.execute({raw, args.size()}, device);
+}
+
+}  // namespace
+
+std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
+                                    const std::vector<pjrt::BufferPtr>& args, int device,
+                                    c10::function_ref<std::string()> what) {
+  const bool ready = entry.state.load(std::memory_order_acquire) == Launchable::Ready;
+  if (!ready || async_runs::busy()) {
+    if (entry.replica_group < 0 && mode() != Mode::Debug && !entry.results.empty()) {
+      // Behind a compile: queued in the host's order; placeholders stand for the outputs.
+      metrics().executions++;
+      std::vector<pjrt::BufferPtr> outs =
+          async_runs::enqueue(entry.shared_from_this(), args, device, run_now);
+      if (!outs.empty()) track_inflight(outs.back());
+      return outs;
+    }
+    // Runs now: after everything queued, once its build is there.
+    async_runs::wait_idle();
+    TORCH_CHECK(entry.state.load(std::memory_order_acquire) != Launchable::Failed,
+                "[tpu] compiling ", what ? what() : std::string("a program"),
+                " failed: ", entry.compile_error);
+  }
+  if (entry.replica_group >= 0) {
+    ReplicatedRunner run = g_replicated;
+    TORCH_CHECK(run,
+                "[tpu] a program with SPMD collectives runs only on thread ranks "
+                "(torchtpu.distributed.run_on_devices)");
+    std::vector<pjrt::BufferPtr> outs = run(entry, args, device, what ? what() : "");
+    metrics().executions++;
+    return outs;
+  }
+  std::vector<pjrt::BufferPtr> outs = run_now(entry, args, device);
   metrics().executions++;
   if (mode() == Mode::Debug) {
     for (const auto& o : outs) o->await_ready();
@@ -421,6 +484,7 @@ void track_inflight(const pjrt::BufferPtr& out) {
 void synchronize() {
   TraceScope trace("torchtpu::synchronize");
   publish(Event::SyncRequested, "synchronize");
+  async_runs::wait_idle();
   std::deque<std::weak_ptr<pjrt::Buffer>> pending;
   {
     std::lock_guard<std::mutex> lock(inflight_mu);

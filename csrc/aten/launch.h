@@ -30,8 +30,18 @@ namespace torchtpu::aten {
 // compiles) and replaces it; the cache keeps both, so the next process starts
 // optimized. Under torch.use_deterministic_algorithms(True) programs are
 // compiled optimized at once.
+//
+// Async compiles (on outside Debug Eager; TORCHTPU_ASYNC_COMPILE=0 turns them
+// off): a program's first build is compiled on a pool of threads while the
+// host goes on; its launches, and every launch after them, queue in order
+// (async_runs.h) and return placeholder buffers of the program's result types.
 struct Launchable : std::enable_shared_from_this<Launchable> {
   virtual ~Launchable() = default;
+  enum State : int { Ready, Compiling, Failed };
+  mutable std::atomic<int> state{Ready};  // `exe` (or compile_error) is set once not Compiling
+  std::string compile_error;
+  std::string what;  // names the program in errors of queued runs ("aten::mm", ...)
+  std::vector<std::pair<DType, std::vector<int64_t>>> results;  // @main's result types
   pjrt::ExecutablePtr exe;  // the first build; replaced by `optimized` once that is set
   std::string quick_mlir;   // kept while a tier-up may follow
   enum Tier : int { Final, Quick, Queued, Promoted };

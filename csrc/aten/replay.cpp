@@ -273,8 +273,11 @@ std::optional<std::vector<at::Tensor>> replay_graph(int64_t handle, at::TensorLi
   }
   const size_t n_in = r->in_arg.size();
   // A donated buffer must have no other holder (the program consumes it).
-  for (size_t i = 0; i < n_in; ++i)
-    if (r->in_donated[i] && (*st)[r->in_arg[i]]->buffer.use_count() != 1) return std::nullopt;
+  for (size_t i = 0; i < n_in; ++i) {
+    if (!r->in_donated[i]) continue;
+    const pjrt::BufferPtr& b = (*st)[r->in_arg[i]]->buffer;
+    if (!b || b.use_count() - b->queued_uses() != 1) return std::nullopt;
+  }
   std::vector<pjrt::BufferPtr> inputs(n_in);
   for (size_t i = 0; i < n_in; ++i) {
     const int a = r->in_arg[i];

@@ -122,6 +122,7 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     if (run_bucketed(op, info, stack, call)) return;
     TraceScope trace([&] { return "torchtpu::compile aten::" + info.name; });
     auto made = compile_call(op, info, *stack, first, n, call.storages);
+    made->what = "aten::" + info.name;
     count_program(info.name);
     add_program(call.key, made);
     entry = std::move(made);

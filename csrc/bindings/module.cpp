@@ -6,6 +6,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "aten/async_runs.h"
 #include "aten/dispatch.h"
 #include "aten/fused.h"
 #include "aten/generator.h"
@@ -32,6 +33,11 @@ using torchtpu::DType;
 namespace {
 
 py::dict metrics_dict() {
+  {
+    // Counts of queued runs and compiles in progress land first.
+    py::gil_scoped_release release;
+    async_runs::wait_idle();
+  }
   auto& m = metrics();
   py::dict d;
   d["ops"] = m.ops.load();
@@ -452,6 +458,19 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cache_identity",
         [] { return torchtpu::cache::to_hex(torchtpu::cache::runtime_identity(client())); });
   m.def(
+      "_async_wait",
+      [] {
+        py::gil_scoped_release release;
+        async_runs::wait_idle();
+      },
+      "Waits until no compile runs and no launch is queued (at exit, before finalizing).");
+  m.def(
+      "_async_busy", [] { return async_runs::busy(); },
+      "Whether launches are queued behind a compile (async compiles).");
+  m.def(
+      "_async_hold", [](bool on) { async_runs::hold(on); },
+      "Tests: holds (or releases) the compile pool's start of new compiles.");
+  m.def(
       "wait_tier_ups",
       [] {
         py::gil_scoped_release release;
@@ -459,6 +478,10 @@ PYBIND11_MODULE(_C, m) {
       },
       "Waits until the background compiles of optimized builds are done.");
   m.def("reset_metrics", [] {
+    {
+      py::gil_scoped_release release;
+      async_runs::wait_idle();
+    }
     auto& x = metrics();
     for (auto* c : {&x.ops,           &x.compiles,        &x.cache_hits,      &x.fallbacks,
                     &x.host_syncs,    &x.bytes_to_device, &x.bytes_to_host,   &x.executions,

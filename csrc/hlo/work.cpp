@@ -52,4 +52,42 @@ ModuleWork module_work(std::string_view text) {
   return w;
 }
 
+std::optional<std::vector<Type>> module_results(std::string_view text) {
+  constexpr std::string_view kMain = "func.func public @main(", kArrow = ") -> (";
+  size_t at = text.find(kMain);
+  if (at == std::string_view::npos) return std::nullopt;
+  size_t eol = std::min(text.find('\n', at), text.size());
+  size_t arrow = text.substr(0, eol).rfind(kArrow);
+  if (arrow == std::string_view::npos || arrow < at) return std::nullopt;
+  std::string_view sig = text.substr(arrow + kArrow.size(), eol - arrow - kArrow.size());
+  std::vector<Type> out;
+  constexpr std::string_view kTensor = "tensor<";
+  for (size_t i = sig.find(kTensor); i != std::string_view::npos; i = sig.find(kTensor, i)) {
+    i += kTensor.size();
+    Type t;
+    while (i < sig.size() && sig[i] >= '0' && sig[i] <= '9') {
+      int64_t d = 0;
+      while (i < sig.size() && sig[i] >= '0' && sig[i] <= '9') d = d * 10 + (sig[i++] - '0');
+      t.shape.push_back(d);
+      if (i < sig.size() && sig[i] == 'x') ++i;
+    }
+    // The element type runs to the '>' that closes this tensor (complex<..> nests one).
+    size_t close = sig.find('>', i);
+    if (close == std::string_view::npos) return std::nullopt;
+    if (sig.substr(i, 8) == "complex<") close = sig.find('>', close + 1);
+    if (close == std::string_view::npos) return std::nullopt;
+    std::string_view name = sig.substr(i, close - i);
+    bool known = false;
+    for (int k = 0; k <= static_cast<int>(DType::C128) && !known; ++k)
+      if (mlir_name(static_cast<DType>(k)) == name) {
+        t.dtype = static_cast<DType>(k);
+        known = true;
+      }
+    if (!known) return std::nullopt;
+    out.push_back(std::move(t));
+    i = close + 1;
+  }
+  return out;
+}
+
 }  // namespace torchtpu::hlo

@@ -2,7 +2,11 @@
 // runtime picks XLA:CPU's compile settings by it (aten/launch.cpp).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string_view>
+#include <vector>
+
+#include "hlo/builder.h"
 
 namespace torchtpu::hlo {
 
@@ -18,5 +22,9 @@ struct ModuleWork {
 
 // Of a module in the generic form Builder::module() writes (one op a line).
 ModuleWork module_work(std::string_view text);
+
+// @main's result types, read from its signature; nullopt when the text has no
+// @main or a result type this reader does not know.
+std::optional<std::vector<Type>> module_results(std::string_view text);
 
 }  // namespace torchtpu::hlo

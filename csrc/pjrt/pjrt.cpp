@@ -684,6 +684,13 @@ int Plugin::api_minor() const { return api_->pjrt_api_version.minor_version; }
 // ---------------------------------------------------------------------------
 // Buffer
 
+struct Buffer::Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::string error;
+};
+
 Buffer::Buffer(std::shared_ptr<Client> client, PJRT_Buffer* buf, DType dtype,
                std::vector<int64_t> dims)
     : client_(std::move(client)), buf_(buf), dtype_(dtype), dims_(std::move(dims)) {}
@@ -733,8 +740,53 @@ Reaper& reaper() {
 
 }  // namespace
 
+std::shared_ptr<Buffer> Buffer::placeholder(std::shared_ptr<Client> client, DType dtype,
+                                            std::vector<int64_t> dims) {
+  auto b = std::make_shared<Buffer>(std::move(client), nullptr, dtype, std::move(dims));
+  b->pending_ = std::make_unique<Pending>();
+  return b;
+}
+
+PJRT_Buffer* Buffer::wait_filled() const {
+  if (!pending_) throw Error("Buffer: no PJRT buffer (already given away)");
+  std::unique_lock<std::mutex> lock(pending_->mu);
+  pending_->cv.wait(lock, [&] { return pending_->done; });
+  if (PJRT_Buffer* b = buf_.load(std::memory_order_acquire)) return b;
+  throw Error(pending_->error);
+}
+
+void Buffer::fill(Buffer& produced) {
+  if (!pending_) throw Error("Buffer::fill: not a placeholder");
+  if (produced.dtype_ != dtype_ || produced.dims_ != dims_)
+    return fail("Buffer::fill: the program produced " + std::string(mlir_name(produced.dtype_)) +
+                " of " + std::to_string(produced.numel()) + " elements where " +
+                std::string(mlir_name(dtype_)) + " of " + std::to_string(numel()) +
+                " were expected");
+  std::lock_guard<std::mutex> lock(pending_->mu);
+  if (pending_->done) throw Error("Buffer::fill: already filled");
+  buf_.store(produced.buf_.exchange(nullptr), std::memory_order_release);
+  pending_->done = true;
+  pending_->cv.notify_all();
+}
+
+void Buffer::fail(const std::string& why) {
+  if (!pending_) throw Error("Buffer::fail: not a placeholder");
+  std::lock_guard<std::mutex> lock(pending_->mu);
+  if (pending_->done) return;
+  pending_->error = why;
+  pending_->done = true;
+  pending_->cv.notify_all();
+}
+
+bool Buffer::filled() const {
+  if (buf_.load(std::memory_order_acquire)) return true;
+  if (!pending_) return false;
+  std::lock_guard<std::mutex> lock(pending_->mu);
+  return pending_->done;
+}
+
 Buffer::~Buffer() {
-  if (buf_) reaper().push(std::move(client_), buf_);
+  if (PJRT_Buffer* b = buf_.load(std::memory_order_acquire)) reaper().push(std::move(client_), b);
 }
 
 int64_t Buffer::numel() const {
@@ -746,15 +798,16 @@ int64_t Buffer::numel() const {
 void Buffer::await_ready() const {
   const PJRT_Api* api = client_->api();
   auto a = TT_ARGS(Buffer_ReadyEvent);
-  a.buffer = buf_;
+  a.buffer = raw();
   TT_CALL(api, Buffer_ReadyEvent, a);
   Event(api, a.event).await("PJRT_Event_Await (buffer ready)");
 }
 
 bool Buffer::is_ready() const {
+  if (!filled()) return false;
   const PJRT_Api* api = client_->api();
   auto a = TT_ARGS(Buffer_ReadyEvent);
-  a.buffer = buf_;
+  a.buffer = raw();
   TT_CALL(api, Buffer_ReadyEvent, a);
   return Event(api, a.event).is_ready();
 }
@@ -770,7 +823,7 @@ void Buffer::to_host(void* dst, size_t dst_bytes) const {
   }
   const PJRT_Api* api = client_->api();
   auto a = TT_ARGS(Buffer_ToHostBuffer);
-  a.src = buf_;
+  a.src = raw();
   a.dst = dst;
   a.dst_size = dst_bytes;
   TT_CALL(api, Buffer_ToHostBuffer, a);
@@ -780,7 +833,7 @@ void Buffer::to_host(void* dst, size_t dst_bytes) const {
 std::shared_ptr<Buffer> Buffer::copy_to_device(int device) const {
   const PJRT_Api* api = client_->api();
   auto a = TT_ARGS(Buffer_CopyToDevice);
-  a.buffer = buf_;
+  a.buffer = raw();
   a.dst_device = client_->device(device);
   TT_CALL(api, Buffer_CopyToDevice, a);
   try {

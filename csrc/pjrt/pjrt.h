@@ -1,6 +1,7 @@
 // PJRT C API runtime: plugin loading, client, buffers, executables.
 // Knows nothing of torch or Python. Every failure throws pjrt::Error.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -99,9 +100,16 @@ std::optional<std::string> kv_callback_try_get(KeyValueStore& store, const std::
 void kv_callback_put(KeyValueStore& store, const std::string& key, const std::string& value);
 
 // An immutable device array. Destroyed (PJRT_Buffer_Destroy) with the last owner.
+//
+// A placeholder (Buffer::placeholder) knows its type before the execution
+// that produces it was enqueued: the runtime hands it out while the program
+// still compiles, and fills it (or fails it) later. raw() and everything that
+// reads the array wait until then.
 class Buffer {
  public:
   Buffer(std::shared_ptr<Client> client, PJRT_Buffer* buf, DType dtype, std::vector<int64_t> dims);
+  static std::shared_ptr<Buffer> placeholder(std::shared_ptr<Client> client, DType dtype,
+                                             std::vector<int64_t> dims);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -110,7 +118,22 @@ class Buffer {
   const std::vector<int64_t>& dims() const { return dims_; }
   int64_t numel() const;
   size_t nbytes() const { return static_cast<size_t>(numel()) * itemsize(dtype_); }
-  PJRT_Buffer* raw() const { return buf_; }
+  // The PJRT buffer; a placeholder waits until filled (throws Error if it failed).
+  PJRT_Buffer* raw() const {
+    PJRT_Buffer* b = buf_.load(std::memory_order_acquire);
+    return b ? b : wait_filled();
+  }
+
+  // A placeholder takes `produced`'s PJRT buffer (same type and dims), or
+  // records why it never will; either wakes its waiters. Once only.
+  void fill(Buffer& produced);
+  void fail(const std::string& why);
+  // False for a placeholder not yet filled or failed.
+  bool filled() const;
+  // Holders that are queued runs, each handed to PJRT before any run launched
+  // after it: they do not keep the buffer from being donated to a later run.
+  int queued_uses() const { return queued_uses_.load(std::memory_order_acquire); }
+  void add_queued_uses(int n) const { queued_uses_.fetch_add(n, std::memory_order_acq_rel); }
 
   // Blocks until the buffer's producer finished; throws the execution's error if it failed.
   void await_ready() const;
@@ -123,10 +146,15 @@ class Buffer {
   std::shared_ptr<Buffer> copy_to_device(int device) const;
 
  private:
+  struct Pending;
+  PJRT_Buffer* wait_filled() const;
+
   std::shared_ptr<Client> client_;
-  PJRT_Buffer* buf_;
+  std::atomic<PJRT_Buffer*> buf_;
   DType dtype_;
   std::vector<int64_t> dims_;
+  std::unique_ptr<Pending> pending_;  // placeholders only
+  mutable std::atomic<int> queued_uses_{0};
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 

@@ -721,6 +721,22 @@ TEST(HloText, ModuleWorkCountsLoopsAndDots) {
   }
 }
 
+// Result types as a placeholder for a still-compiling program's outputs takes them.
+TEST(HloText, ModuleResultsReadsMainSignature) {
+  Builder b;
+  Value x = b.param(Type{DType::F32, {3, 4}}, /*donate=*/true);
+  Value s = b.packed_scalar(DType::F64);
+  Value c = b.param(Type{DType::C64, {2}});
+  b.ret({b.convert(x, DType::BF16), b.convert(s, DType::F32), c,
+         b.compare(Cmp::GT, b.reshape(x, {12}), b.splat(0.0, Type{DType::F32, {12}}))});
+  std::optional<std::vector<Type>> r = module_results(b.module());
+  ASSERT_TRUE(r.has_value());
+  std::vector<Type> want = {Type{DType::BF16, {3, 4}}, Type{DType::F32, {}}, Type{DType::C64, {2}},
+                            Type{DType::Bool, {12}}};
+  EXPECT_EQ(*r, want);
+  EXPECT_FALSE(module_results("module @m {\n}\n").has_value());
+}
+
 }  // namespace
 // Whole floats that print with an exponent ("1e+09") must still parse as floats.
 TEST(HloRun, LargeWholeFloatConstantsParse) {

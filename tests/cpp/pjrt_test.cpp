@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace torchtpu::pjrt {
@@ -220,6 +221,36 @@ TEST(PjrtBuffer, ToHostRejectsWrongSize) {
   BufferPtr buf = cpu_client()->buffer_from_host(x, DType::F32, std::vector<int64_t>{2}, 0);
   std::string msg = error_of([&] { buf->to_host(x, 4); });
   EXPECT_NE(msg.find("8"), std::string::npos) << msg;
+}
+
+// A placeholder stands for a buffer not produced yet: readers wait for fill(),
+// and a failed one throws its reason to every reader.
+TEST(PjrtBuffer, PlaceholderWaitsForFillOrFails) {
+  ClientPtr client = cpu_client();
+  float x[2] = {3, 4};
+  std::vector<int64_t> dims = {2};
+  BufferPtr ph = Buffer::placeholder(client, DType::F32, dims);
+  EXPECT_FALSE(ph->filled());
+  EXPECT_FALSE(ph->is_ready());
+  std::vector<float> seen;
+  std::thread reader([&] { seen = to_floats(*ph); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  BufferPtr made = client->buffer_from_host(x, DType::F32, dims, 0);
+  ph->fill(*made);
+  reader.join();
+  EXPECT_EQ(seen, (std::vector<float>{3, 4}));
+  EXPECT_TRUE(ph->filled());
+  EXPECT_NE(error_of([&] { made->raw(); }).find("given away"), std::string::npos);
+
+  BufferPtr wrong = Buffer::placeholder(client, DType::F32, {3});
+  BufferPtr other = client->buffer_from_host(x, DType::F32, dims, 0);
+  wrong->fill(*other);  // a type mismatch fails the placeholder, not the caller
+  EXPECT_NE(error_of([&] { wrong->await_ready(); }).find("expected"), std::string::npos);
+
+  BufferPtr failed = Buffer::placeholder(client, DType::F32, dims);
+  failed->fail("[tpu] aten::mm: compile failed: boom");
+  EXPECT_TRUE(failed->filled());
+  EXPECT_NE(error_of([&] { to_floats(*failed); }).find("boom"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------
