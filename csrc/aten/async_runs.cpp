@@ -15,9 +15,14 @@ namespace torchtpu::aten::async_runs {
 
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
+// Compile completions: one condition for every entry (waits are short and rare).
+std::mutex compiled_mu;
+std::condition_variable compiled_cv;
+
+// Wakes the waiters of compiles (an entry's state has just been set).
+void compiled() {
+  std::lock_guard<std::mutex> lock(compiled_mu);
+  compiled_cv.notify_all();
 }
 
 // Threads are parked, never joined: at exit wait_idle (atexit) has emptied
@@ -54,7 +59,8 @@ class Pool {
         tasks_.pop_front();
         busy_++;
       }
-      task();  // sets its entry's state and calls compiled(); never throws
+      task();  // sets its entry's state; never throws
+      compiled();
       std::lock_guard<std::mutex> lock(mu_);
       busy_--;
       if (tasks_.empty() && busy_ == 0) idle_.notify_all();
@@ -71,10 +77,6 @@ Pool& pool() {
   static auto* p = new Pool();
   return *p;
 }
-
-// Compile completions: one condition for every entry (waits are short and rare).
-std::mutex compiled_mu;
-std::condition_variable compiled_cv;
 
 struct Job {
   std::shared_ptr<const Launchable> entry;
@@ -176,11 +178,6 @@ int compile_threads() {
 }
 
 void submit_compile(std::function<void()> task) { pool().submit(std::move(task)); }
-
-void compiled() {
-  std::lock_guard<std::mutex> lock(compiled_mu);
-  compiled_cv.notify_all();
-}
 
 void wait_compiled(const Launchable& e) {
   if (e.state.load(std::memory_order_acquire) != Launchable::Compiling) return;

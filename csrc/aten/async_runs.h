@@ -17,10 +17,9 @@ namespace torchtpu::aten::async_runs {
 bool enabled();
 // Threads compiling first builds: TORCHTPU_COMPILE_THREADS, default the cores.
 int compile_threads();
-// Runs `task` on the compile pool.
+// Runs `task` on the compile pool; it sets its entry's state, and the pool
+// then wakes wait_compiled.
 void submit_compile(std::function<void()> task);
-// Marks a compile done (the entry's state has been set) and wakes its waiters.
-void compiled();
 // Blocks until `e` is not Compiling.
 void wait_compiled(const Launchable& e);
 

@@ -80,11 +80,6 @@ void trace_cache_tier(cache::Source source) {
   });
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
 // Opt-in, as cudnn.benchmark is: which build runs a step depends on when the
 // background compile finishes and on what the cache held, so results may
 // differ between runs in the last bit (and Adam magnifies that in weights
@@ -366,7 +361,7 @@ void compile_program(const std::string& mlir, Launchable& entry) {
   std::shared_ptr<Launchable> self = entry.weak_from_this().lock();
   // External functions (JAX) may pass through a Python translator, which needs
   // the GIL that a waiting host thread holds: those compile here.
-  const bool external = mlir.rfind("module @m attributes {torchtpu.external", 0) == 0;
+  const bool external = hlo::Builder::marks_external(mlir);
   // Under torch.profiler the compile stays inside the op's range (its cache
   // tier mark is recorded on this thread).
   const bool profiled = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value();
@@ -381,7 +376,6 @@ void compile_program(const std::string& mlir, Launchable& entry) {
       self->compile_error = e.what();
       self->state.store(Launchable::Failed, std::memory_order_release);
     }
-    async_runs::compiled();
   });
 }
 

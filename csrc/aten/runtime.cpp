@@ -254,6 +254,10 @@ static bool env_flag(const char* name) {
   return v && *v && std::string(v) != "0";
 }
 bool check_nans() { return env_flag("TORCHTPU_CHECK_NANS"); }
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
 bool cpu_fallback_enabled() { return env_flag("TORCHTPU_CPU_FALLBACK"); }
 
 Metrics& metrics() {

@@ -113,6 +113,8 @@ void set_mode(Mode m);  // global
 void push_thread_mode(Mode m);
 void pop_thread_mode();
 bool check_nans();
+// An integer setting from the environment; `fallback` when unset or empty.
+int env_int(const char* name, int fallback);
 bool cpu_fallback_enabled();
 
 struct Metrics {

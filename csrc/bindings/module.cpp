@@ -343,8 +343,7 @@ PYBIND11_MODULE(_C, m) {
         auto* held = new py::object(std::move(fn));
         torchtpu::cache::set_source_translator(
             [held](const std::string& text) -> std::optional<std::string> {
-              if (text.rfind("module @m attributes {torchtpu.external", 0) != 0)
-                return std::nullopt;
+              if (!hlo::Builder::marks_external(text)) return std::nullopt;
               py::gil_scoped_acquire gil;
               try {
                 return std::string(py::bytes((*held)(py::bytes(text))));

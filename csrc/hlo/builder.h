@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -209,6 +210,10 @@ class Builder {
   std::vector<Value> call(const std::string& callee, const std::vector<Value>& args,
                           const std::vector<Type>& results);
   bool has_functions() const { return !functions_.empty(); }
+  // Whether a module text from module() holds such functions (its mark).
+  static bool marks_external(std::string_view text) {
+    return text.rfind("module @m attributes {torchtpu.external", 0) == 0;
+  }
 
   int num_params() const { return static_cast<int>(params_.size()); }
 
