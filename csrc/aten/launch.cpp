@@ -101,21 +101,40 @@ int64_t now_ns() {
       .count();
 }
 
-const pjrt::CompileOptions& quick_options() {
-  static const pjrt::CompileOptions o{
-      .overrides = {{"xla_backend_optimization_level", int64_t{0}}}};
+// XLA:CPU's elemental emitter: the newer fusion emitters build an MLIR context
+// per fusion, most of the compile of a program of plain loops, and emit the same
+// loops (a MobileNetV3 step's programs, AdamW's foreach ops: 2x less compile
+// time, steps as fast). Fusions of reductions, scatters and sorts run faster
+// from the fusion emitters (the GPT step's, 10-20%), so those keep them.
+const pjrt::CompileOptions& loop_options() {
+  static const pjrt::CompileOptions o{.overrides = {{"xla_cpu_use_fusion_emitters", false}}};
   return o;
 }
 
-// Small programs' build: XLA's elemental emitter (the newer fusion emitter
-// builds an MLIR context per fusion, most of a small program's compile) and
-// LLVM at level 1: about 1.5x faster to compile, loops as fast at these sizes.
-// (Level 0 with the elemental emitter compiles faster still, but lost part of
-// amax's gradient after a gelu in test_compile's masked reductions.)
+// Small programs' build: the elemental emitter and LLVM at level 1: about
+// 1.5x faster to compile, loops as fast at these sizes. (Level 0 with the
+// elemental emitter compiles faster still, but lost part of amax's gradient
+// after a gelu in test_compile's masked reductions.)
 const pjrt::CompileOptions& small_options() {
   static const pjrt::CompileOptions o{.overrides = {{"xla_backend_optimization_level", int64_t{1}},
                                                     {"xla_cpu_use_fusion_emitters", false}}};
   return o;
+}
+
+bool cpu_builds_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("TORCHTPU_SMALL_QUICK");
+    return !(v && std::string(v) == "0") && client().platform_name() == "cpu";
+  }();
+  return on;
+}
+
+// A tiered program's first build: the small build on XLA:CPU, XLA's level 0
+// elsewhere.
+const pjrt::CompileOptions& quick_options() {
+  static const pjrt::CompileOptions level0{
+      .overrides = {{"xla_backend_optimization_level", int64_t{0}}}};
+  return cpu_builds_on() ? small_options() : level0;
 }
 
 // Limits for a program whose loops are too small for optimized code to pay
@@ -124,19 +143,17 @@ const pjrt::CompileOptions& small_options() {
 constexpr int64_t kSmallLoopElements = 2048;
 constexpr int64_t kSmallDotElements = 16384;
 
-// Small programs on XLA:CPU get small_options() for good: their loops are too
-// short for the optimized build's speed to show, and a cold start is mostly
-// such compiles (a decode step's ops, a bias's gradient). Decided by the
-// program text alone, so a program always gets the same build, in every mode
-// and run. TORCHTPU_SMALL_QUICK=0 compiles them optimized.
-bool small_and_cpu(const std::string& mlir) {
-  static const bool on = [] {
-    const char* v = std::getenv("TORCHTPU_SMALL_QUICK");
-    return !(v && std::string(v) == "0") && client().platform_name() == "cpu";
-  }();
-  if (!on) return false;
+// The build a program gets for good on XLA:CPU, or null for XLA's default:
+// small_options() when its loops are too short for the optimized build's speed
+// to show (a cold start is mostly such compiles: a decode step's ops, a bias's
+// gradient), loop_options() when it has no reduction, scatter or sort. Decided
+// by the program text alone, so a program always gets the same build, in every
+// mode and run. TORCHTPU_SMALL_QUICK=0 compiles every program with XLA's default.
+const pjrt::CompileOptions* cpu_build(const std::string& mlir) {
+  if (!cpu_builds_on()) return nullptr;
   const hlo::ModuleWork work = hlo::module_work(mlir);
-  return work.loop <= kSmallLoopElements && work.dot <= kSmallDotElements;
+  if (work.loop <= kSmallLoopElements && work.dot <= kSmallDotElements) return &small_options();
+  return work.regions ? nullptr : &loop_options();
 }
 
 // Background compiles of optimized builds. Workers hold entries weakly: a
@@ -330,8 +347,8 @@ namespace {
 
 void compile_now(const std::string& mlir, Launchable& entry) {
   auto t0 = std::chrono::steady_clock::now();
-  if (small_and_cpu(mlir)) {
-    entry.exe = quick_build(mlir, small_options(), t0);
+  if (const pjrt::CompileOptions* options = cpu_build(mlir)) {
+    entry.exe = quick_build(mlir, *options, t0);
     return;
   }
   // Quick builds may round differently in the last bit (no FMA contraction):

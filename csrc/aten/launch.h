@@ -18,13 +18,15 @@ namespace torchtpu::aten {
 // A compiled program; runners keep their own description of its inputs and
 // outputs in a derived type (program.h's ProgramEntry).
 //
-// Small programs (every loop at most a few thousand elements) get cheaper
-// compile settings for good on XLA:CPU (launch.cpp, small_options).
+// On XLA:CPU, small programs (every loop at most a few thousand elements) and
+// programs without reductions, scatters or sorts get cheaper compile settings
+// for good (launch.cpp, cpu_build).
 //
 // Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a larger program the
-// cache has no optimized build of is first compiled quick (XLA's backend at
-// optimization level 0: less compile time, slower loops, last-bit differences
-// where the optimized build contracts to FMA), so a cold step waits less. Once it has
+// cache has no optimized build of is first compiled quick (XLA:CPU: the small
+// programs' build; elsewhere XLA's backend at optimization level 0: less
+// compile time, slower loops, last-bit differences where the optimized build
+// contracts to FMA), so a cold step waits less. Once it has
 // run TORCHTPU_TIER_UP_RUNS times (default 2) the optimized build is compiled
 // on a background thread (after TORCHTPU_TIER_UP_QUIET_MS without foreground
 // compiles) and replaces it; the cache keeps both, so the next process starts

@@ -29,6 +29,18 @@ bool has(std::string_view line, std::string_view what) {
   return line.find(what) != std::string_view::npos;
 }
 
+// Generic ("stablehlo.reduce"(...) and pretty (stablehlo.reduce(...) forms alike,
+// not reduce_precision or reduce_scatter.
+bool has_region_op(std::string_view line) {
+  for (std::string_view op : {"stablehlo.reduce", "stablehlo.reduce_window", "stablehlo.scatter",
+                              "stablehlo.select_and_scatter", "stablehlo.sort", "stablehlo.while"})
+    for (size_t at = line.find(op); at != std::string_view::npos; at = line.find(op, at + 1)) {
+      char next = at + op.size() < line.size() ? line[at + op.size()] : ' ';
+      if (next == '"' || next == '(' || next == ' ') return true;
+    }
+  return false;
+}
+
 }  // namespace
 
 ModuleWork module_work(std::string_view text) {
@@ -38,6 +50,7 @@ ModuleWork module_work(std::string_view text) {
     std::string_view line = text.substr(start, end - start);
     start = end + 1;
     if (has(line, "func.func") || has(line, "stablehlo.reshape")) continue;
+    w.regions = w.regions || has_region_op(line);
     if (has(line, "stablehlo.gather") || has(line, "stablehlo.dynamic_slice") ||
         has(line, "stablehlo.slice")) {
       size_t arrow = line.rfind("->");

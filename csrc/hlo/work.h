@@ -18,6 +18,9 @@ struct ModuleWork {
   int64_t loop = 0;
   // The most elements of a dot or convolution operand or result.
   int64_t dot = 0;
+  // Whether an op has a region that XLA emits as more than a loop over its
+  // result: reduce, reduce_window, scatter, select_and_scatter, sort, while.
+  bool regions = false;
 };
 
 // Of a module in the generic form Builder::module() writes (one op a line).

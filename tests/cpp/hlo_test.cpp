@@ -684,7 +684,7 @@ TEST(HloRun, FftKinds) {
   EXPECT_NE(bad.find("n/2+1"), std::string::npos) << bad;
 }
 
-// The loop and dot sizes the runtime picks compile settings by.
+// The loop and dot sizes and region ops the runtime picks compile settings by.
 TEST(HloText, ModuleWorkCountsLoopsAndDots) {
   {  // An elementwise op and a reduction: their operands and results.
     Builder b;
@@ -694,6 +694,32 @@ TEST(HloText, ModuleWorkCountsLoopsAndDots) {
     ModuleWork w = module_work(b.module());
     EXPECT_EQ(w.loop, 4096);
     EXPECT_EQ(w.dot, 0);
+    EXPECT_TRUE(w.regions);
+  }
+  {  // Plain loops: no region op (the elemental emitter's programs).
+    Builder b;
+    Value x = b.param(Type{DType::F32, {64, 64}});
+    b.ret({b.unary("tanh", b.binary("multiply", x, x))});
+    EXPECT_FALSE(module_work(b.module()).regions);
+  }
+  {  // A sort, and a scatter: region ops.
+    Builder b;
+    Value x = b.param(Type{DType::F32, {8}});
+    b.ret({b.sort({x}, 0, false)[0]});
+    EXPECT_TRUE(module_work(b.module()).regions);
+    Builder c;
+    Value y = c.param(Type{DType::F32, {8}});
+    Value pos = c.param(Type{DType::I64, {3}});
+    c.ret({c.scatter_flat(y, pos, c.param(Type{DType::F32, {3}}), true)});
+    EXPECT_TRUE(module_work(c.module()).regions);
+  }
+  {  // Read in MLIR's pretty form too (JAX's programs); reduce_precision is a plain loop.
+    EXPECT_TRUE(module_work("  %0 = stablehlo.reduce(%arg0 init: %c) applies stablehlo.add "
+                            "across dimensions = [0] : (tensor<8xf32>, tensor<f32>) -> tensor<f32>")
+                    .regions);
+    EXPECT_FALSE(module_work("  %0 = stablehlo.reduce_precision %arg0, format = e5m10 : "
+                             "tensor<8xf32>")
+                     .regions);
   }
   {  // A gather reads a large table's rows: only its result counts; arguments not.
     Builder b;

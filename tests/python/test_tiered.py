@@ -1,6 +1,6 @@
-"""Cheaper builds. Small programs get cheaper compile settings for good (XLA:CPU),
-counted as quick compiles. Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a
-larger program the cache has no optimized build of is compiled quick first, then
+"""Cheaper builds. Small programs, and larger ones without reductions, sorts or
+scatters, get cheaper compile settings for good (XLA:CPU), counted as quick
+compiles. Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a larger program the cache has no optimized build of is compiled quick first, then
 replaced by the optimized build once it has run a few times (compiled in the
 background). Values change at most in the last bits across the swap (none under
 deterministic algorithms), and the next process finds the optimized builds in the
@@ -105,17 +105,23 @@ torchtpu.eager_mode({mode!r})
 def f(x, w):
     return torch.softmax(torch.tanh(x @ w) * 3 + 1, -1).sum(0)
 
+def g(x, w):  # plain loops and a dot: no reduction
+    return torch.tanh(x @ w) * 3 + 1
+
+def r(x, w):  # reductions only (in Strict each op is a program)
+    return torch.softmax(x, -1).sum(0)
+
 def quick():
     return torchtpu.metrics()["quick_compiles"]
 
 torch.manual_seed(0)
 out = {{}}
-for name, n in (("small", 16), ("large", 256)):
+for name, n, fn in (("small", 16, f), ("large", 256, r), ("plain", 256, g)):
     x, w = torch.randn(n, 32), torch.randn(32, n)
     q = quick()
-    y = f(x.to("tpu"), w.to("tpu")).cpu()
+    y = fn(x.to("tpu"), w.to("tpu")).cpu()
     out[name] = quick() - q
-    out[name + "_close"] = torch.allclose(y, f(x, w), rtol=1e-5, atol=1e-6)
+    out[name + "_close"] = torch.allclose(y, fn(x, w), rtol=1e-5, atol=1e-6)
     out[name + "_bits"] = y.view(torch.int32).tolist()
 print(json.dumps(out))
 """
@@ -129,10 +135,10 @@ def run_small(tmp_path, mode, env=None):
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_small_programs_get_the_cheaper_build(tmp_path, mode):
     m = run_small(tmp_path / "a", mode)
-    assert m["small"] >= 1 and m["large"] == 0, m
-    assert m["small_close"] and m["large_close"], m
+    assert m["small"] >= 1 and m["large"] == 0 and m["plain"] >= 1, m
+    assert m["small_close"] and m["large_close"] and m["plain_close"], m
     off = run_small(tmp_path / "b", mode, {"TORCHTPU_SMALL_QUICK": "0"})
-    assert off["small"] == 0 and off["large"] == 0, off
+    assert off["small"] == 0 and off["large"] == 0 and off["plain"] == 0, off
     assert off["small_close"], off
     again = run_small(tmp_path / "c", mode)
     assert again["small_bits"] == m["small_bits"], (again, m)
