@@ -1,5 +1,6 @@
 #include "aten/strict.h"
 
+#include <ATen/ops/full.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/min.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -78,6 +79,36 @@ void push_results(const ProgramEntry& entry, const OpInfo& info,
   push_returns(info, entry.ret_lists, fresh, stack, first);
 }
 
+// A fill of a whole storage (zeros_like's, torch.full's) uploads its value
+// instead of compiling one program per shape: a cold optimizer step's state
+// is one program per parameter shape otherwise (59 in MobileNetV3-Small). On
+// XLA:CPU device memory is host memory, so the upload costs about what the
+// program's run would; elsewhere only fills of up to 64 KiB upload. Not
+// counted in bytes_to_device: no user data moves.
+bool fill_on_host(const OpInfo& info, torch::jit::Stack& stack, size_t first) {
+  const bool zero = info.name == "zero_";
+  if ((!zero && info.name != "fill_.Scalar") || spmd_mode()) return false;
+  const at::Tensor self = stack[first].toTensor();
+  if (!self.is_privateuseone() || self.storage_offset() != 0 ||
+      !self.is_non_overlapping_and_dense())
+    return false;
+  DeviceStorage& st = device_storage(self.storage());
+  const int64_t n = self.numel();
+  const size_t nbytes = static_cast<size_t>(n) * self.element_size();
+  constexpr size_t kSmallUpload = 64 << 10;
+  if (n == 0 || nbytes != st.nbytes || (nbytes > kSmallUpload && client().platform_name() != "cpu"))
+    return false;
+  fused_sync(st, "fill", /*write=*/true);
+  at::Tensor host = at::full({n}, zero ? c10::Scalar(0) : stack[first + 1].toScalar(),
+                             self.options().device(c10::kCPU));
+  const DType dtype = lower::to_dtype(self.scalar_type());
+  st.buffer = client().buffer_from_host(host.data_ptr(), dtype, {&n, 1}, st.device);
+  st.dtype = dtype;
+  torch::jit::drop(stack, zero ? 1 : 2);
+  stack.emplace_back(self);
+  return true;
+}
+
 }  // namespace
 
 StackFeed::StackFeed(const ProgramEntry& e, const CallKey& call, const torch::jit::Stack& stack,
@@ -104,6 +135,7 @@ c10::Scalar StackFeed::scalar(const ScalarSource& s) {
 }
 
 void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
+  if (fill_on_host(info, *stack, stack->size() - op.schema().arguments().size())) return;
   CallKey call = key_call(op, info, *stack);
   const size_t n = call.n, first = call.first;
   // Another thread's fused graph may hold newer values of these storages.

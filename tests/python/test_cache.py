@@ -178,7 +178,8 @@ def maps():
     with open("/proc/self/maps") as f:
         return sum(1 for _ in f)
 def run(n):
-    torch.testing.assert_close((torch.ones(n, device="tpu") * 3 + 1).cpu(), torch.full((n,), 4.0))
+    x = torch.arange(n, dtype=torch.float32)
+    torch.testing.assert_close((x.to("tpu") * 3 + 1).exp().cpu(), (x * 3 + 1).exp())
 for n in range(1, 11):
     run(n)
 base = maps()

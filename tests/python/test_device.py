@@ -597,3 +597,43 @@ def test_exit_right_after_backward():
         print(torchtpu._C._runtime_started(), torchtpu.metrics()["compiles"])
         """).stdout.split()
     assert out == ["False", "True", "0"]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_fills_of_whole_storages_upload_without_a_program(mode):
+    # zeros_like / ones / full (an optimizer's first step makes one per parameter shape)
+    # upload their value; a fill through a view still runs a program.
+    shapes = [(3, 5), (7,), (2, 3, 4)]
+    dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64]
+    before = torchtpu.metrics()
+    with torchtpu.eager_mode(mode):
+        made = [
+            (f(s, d), f(s, d, device="cpu"))
+            for s in shapes
+            for d in dtypes
+            for f in (
+                lambda s, d, device="tpu": torch.zeros(s, dtype=d, device=device),
+                lambda s, d, device="tpu": torch.ones(s, dtype=d, device=device),
+                lambda s, d, device="tpu": torch.full(s, 5, dtype=d, device=device),
+                lambda s, d, device="tpu": torch.zeros_like(torch.empty(s, dtype=d, device=device)),
+            )
+        ]
+        for got, want in made:
+            assert torch.equal(got.cpu(), want), (got.dtype, got.shape)
+        if mode == "strict":
+            after = torchtpu.metrics()
+            assert after["compiles"] == before["compiles"], after["programs_by_op"]
+            assert after["bytes_to_device"] == before["bytes_to_device"]
+        x = torch.arange(12.0, device="tpu").view(3, 4)
+        kept = x[1]
+        x[0].fill_(-1.0)  # a view: a program writes part of the storage
+        x.t()[2].zero_()
+        want = torch.arange(12.0).view(3, 4)
+        want[0] = -1.0
+        want[:, 2] = 0
+        assert torch.equal(x.cpu(), want)
+        x.zero_()  # the whole storage: the view sees it
+        assert torch.equal(kept.cpu(), torch.zeros(4))
+        if mode == "strict":  # as on the CPU (a recorded fill is not checked)
+            with pytest.raises(RuntimeError, match="overflow"):
+                torch.zeros(2, dtype=torch.uint8, device="tpu").fill_(300)
