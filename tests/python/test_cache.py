@@ -178,8 +178,7 @@ def maps():
     with open("/proc/self/maps") as f:
         return sum(1 for _ in f)
 def run(n):
-    x = torch.arange(n, dtype=torch.float32)
-    torch.testing.assert_close((x.to("tpu") * 3 + 1).exp().cpu(), (x * 3 + 1).exp())
+    torch.testing.assert_close((torch.ones(n, device="tpu") * 3 + 1).cpu(), torch.full((n,), 4.0))
 for n in range(1, 11):
     run(n)
 base = maps()
@@ -193,7 +192,8 @@ def test_programs_of_many_shapes_are_released(tmp_path):
     # Each loaded executable holds memory mappings; a process that met tens of
     # thousands of shapes used to die at the kernel's mapping limit. With 8
     # programs kept per table, 50 more shapes leave the mapping count flat.
-    env = clean_env(tmp_path, TORCHTPU_CACHE_MEMORY_ENTRIES="8")
+    # (Exact programs per shape: no bucketed calls.)
+    env = clean_env(tmp_path, TORCHTPU_CACHE_MEMORY_ENTRIES="8", TORCHTPU_EAGER_BUCKETS="0")
     proc = run_python(["-c", MANY_SHAPES], env, 300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
