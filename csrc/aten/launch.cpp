@@ -148,7 +148,8 @@ constexpr int64_t kSmallDotElements = 16384;
 // to show (a cold start is mostly such compiles: a decode step's ops, a bias's
 // gradient), loop_options() when it has no reduction, scatter or sort. Decided
 // by the program text alone, so a program always gets the same build, in every
-// mode and run. TORCHTPU_SMALL_QUICK=0 compiles every program with XLA's default.
+// mode and run (tiered compiles build a plain program quick first, then this
+// one). TORCHTPU_SMALL_QUICK=0 compiles every program with XLA's default.
 const pjrt::CompileOptions* cpu_build(const std::string& mlir) {
   if (!cpu_builds_on()) return nullptr;
   const hlo::ModuleWork work = hlo::module_work(mlir);
@@ -226,7 +227,8 @@ class TierUps {
       auto& cc = cache::process_cache(client_ptr());
       cache::Source source;
       auto t0 = std::chrono::steady_clock::now();
-      pjrt::ExecutablePtr exe = cc.get(e.quick_mlir, {}, &source);
+      pjrt::ExecutablePtr exe = cc.get(
+          e.quick_mlir, e.final_options ? *e.final_options : pjrt::CompileOptions{}, &source);
       if (source == cache::Source::Compiled) {
         metrics().tier_up_compiles++;
         metrics().tier_up_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -347,23 +349,28 @@ namespace {
 
 void compile_now(const std::string& mlir, Launchable& entry) {
   auto t0 = std::chrono::steady_clock::now();
-  if (const pjrt::CompileOptions* options = cpu_build(mlir)) {
-    entry.exe = quick_build(mlir, *options, t0);
-    return;
-  }
+  const pjrt::CompileOptions* build = cpu_build(mlir);
   // Quick builds may round differently in the last bit (no FMA contraction):
   // under torch.use_deterministic_algorithms a program keeps one build.
-  if (!tiered_enabled() || at::globalContext().deterministicAlgorithms()) {
+  const bool tiered = tiered_enabled() && !at::globalContext().deterministicAlgorithms();
+  if (build == &small_options() || (build && !tiered)) {
+    entry.exe = quick_build(mlir, *build, t0);
+    return;
+  }
+  if (!tiered) {
     entry.exe = compile_cached(mlir);
     return;
   }
+  const pjrt::CompileOptions final_options = build ? *build : pjrt::CompileOptions{};
   cache::Source source;
-  if (pjrt::ExecutablePtr exe = cache::process_cache(client_ptr()).find(mlir, {}, &source)) {
+  if (pjrt::ExecutablePtr exe =
+          cache::process_cache(client_ptr()).find(mlir, final_options, &source)) {
     entry.exe = counted(source, std::move(exe), t0);
     return;
   }
   entry.exe = quick_build(mlir, quick_options(), t0);
   entry.quick_mlir = mlir;
+  entry.final_options = build;
   entry.tier.store(Launchable::Quick, std::memory_order_release);
 }
 

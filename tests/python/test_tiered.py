@@ -173,3 +173,35 @@ def test_small_build_keeps_amax_gradients_after_gelu(tmp_path):
     out = check_py(AMAX_AFTER_GELU, {"TORCHTPU_CACHE_DIR": str(tmp_path)}).stdout
     m = json.loads(out.strip().splitlines()[-1])
     assert m["quick"] > 0 and m["bad"] == 0, m
+
+
+# A plain program (no reduction) under tiered compiles: quick first, then its own
+# build (the elemental emitter at XLA's default level), which the next process finds.
+PLAIN_TIERED = """
+import json, torch, torchtpu
+torch.manual_seed(0)
+x, w = torch.randn(256, 32).to("tpu"), torch.randn(32, 256).to("tpu")
+
+def g():
+    return (torch.tanh(x @ w) * 3 + 1).cpu()
+
+first = g()
+quick = torchtpu.metrics()["quick_compiles"]
+for _ in range(3):
+    g()
+torchtpu._C.wait_tier_ups()
+last = g()
+m = torchtpu.metrics()
+print(json.dumps(dict(quick=quick, tier_ups=m["tier_ups"], compiles=m["compiles"],
+    near=torch.allclose(first, last, rtol=1e-6, atol=1e-6),
+    close=torch.allclose(last, torch.tanh(x.cpu() @ w.cpu()) * 3 + 1, rtol=1e-5, atol=1e-5))))
+"""
+
+
+def test_plain_programs_tier_up_to_their_own_build(tmp_path):
+    env = {"TORCHTPU_CACHE_DIR": str(tmp_path), "TORCHTPU_TIERED_COMPILE": "1"}
+    m = json.loads(check_py(PLAIN_TIERED, env).stdout.strip().splitlines()[-1])
+    assert m["quick"] >= 1 and m["tier_ups"] >= 1, m
+    assert m["near"] and m["close"], m
+    again = json.loads(check_py(PLAIN_TIERED, env).stdout.strip().splitlines()[-1])
+    assert again["quick"] == 0 and again["compiles"] == 0 and again["tier_ups"] == 0, again
