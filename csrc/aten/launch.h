@@ -23,10 +23,10 @@ namespace torchtpu::aten {
 // for good (launch.cpp, cpu_build).
 //
 // Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a larger program the
-// cache has no optimized build of is first compiled quick (XLA:CPU: the small
-// programs' build; elsewhere XLA's backend at optimization level 0: less
-// compile time, slower loops, last-bit differences where the optimized build
-// contracts to FMA), so a cold step waits less. Once it has
+// cache has no final build of is first compiled quick (XLA:CPU: the small
+// programs' build; elsewhere XLA's backend at optimization level 0: slower
+// loops), for less compile time, with last-bit differences from the final
+// build (FMA contraction), so a cold step waits less. Once it has
 // run TORCHTPU_TIER_UP_RUNS times (default 2) the optimized build is compiled
 // on a background thread (after TORCHTPU_TIER_UP_QUIET_MS without foreground
 // compiles) and replaces it; the cache keeps both, so the next process starts
