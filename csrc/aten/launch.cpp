@@ -121,6 +121,12 @@ const pjrt::CompileOptions& small_options() {
   return o;
 }
 
+// XLA's own settings: no overrides.
+const pjrt::CompileOptions& default_options() {
+  static const pjrt::CompileOptions o;
+  return o;
+}
+
 bool cpu_builds_on() {
   static const bool on = [] {
     const char* v = std::getenv("TORCHTPU_SMALL_QUICK");
@@ -227,8 +233,7 @@ class TierUps {
       auto& cc = cache::process_cache(client_ptr());
       cache::Source source;
       auto t0 = std::chrono::steady_clock::now();
-      pjrt::ExecutablePtr exe = cc.get(
-          e.quick_mlir, e.final_options ? *e.final_options : pjrt::CompileOptions{}, &source);
+      pjrt::ExecutablePtr exe = cc.get(e.quick_mlir, *e.final_options, &source);
       if (source == cache::Source::Compiled) {
         metrics().tier_up_compiles++;
         metrics().tier_up_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -361,7 +366,7 @@ void compile_now(const std::string& mlir, Launchable& entry) {
     entry.exe = compile_cached(mlir);
     return;
   }
-  const pjrt::CompileOptions final_options = build ? *build : pjrt::CompileOptions{};
+  const pjrt::CompileOptions& final_options = build ? *build : default_options();
   cache::Source source;
   if (pjrt::ExecutablePtr exe =
           cache::process_cache(client_ptr()).find(mlir, final_options, &source)) {
@@ -370,7 +375,7 @@ void compile_now(const std::string& mlir, Launchable& entry) {
   }
   entry.exe = quick_build(mlir, quick_options(), t0);
   entry.quick_mlir = mlir;
-  entry.final_options = build;
+  entry.final_options = &final_options;
   entry.tier.store(Launchable::Quick, std::memory_order_release);
 }
 

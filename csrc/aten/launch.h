@@ -46,7 +46,7 @@ struct Launchable : std::enable_shared_from_this<Launchable> {
   std::vector<std::pair<DType, std::vector<int64_t>>> results;  // @main's result types
   pjrt::ExecutablePtr exe;  // the first build; replaced by `optimized` once that is set
   std::string quick_mlir;   // kept while a tier-up may follow
-  // The tier-up's build: null for XLA's default, else a plain program's (launch.cpp).
+  // The tier-up's settings (XLA's default or a plain program's, launch.cpp); set with quick_mlir.
   const pjrt::CompileOptions* final_options = nullptr;
   enum Tier : int { Final, Quick, Queued, Promoted };
   mutable std::atomic<int> tier{Final};

@@ -1,7 +1,8 @@
 """Cheaper builds. Small programs, and larger ones without reductions, sorts or
 scatters, get cheaper compile settings for good (XLA:CPU), counted as quick
-compiles. Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a larger program the cache has no optimized build of is compiled quick first, then
-replaced by the optimized build once it has run a few times (compiled in the
+compiles. Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a larger program
+the cache has no final build of is compiled quick first, then replaced by the
+final build once it has run a few times (compiled in the
 background). Values change at most in the last bits across the swap (none under
 deterministic algorithms), and the next process finds the optimized builds in the
 disk cache."""
