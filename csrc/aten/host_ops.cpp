@@ -32,14 +32,29 @@ int churn_limit() {
 }
 
 std::mutex mu;
-std::unordered_map<std::string, int>& programs_per_signature() {
-  static std::unordered_map<std::string, int> m;
+// Per op signature: programs compiled, and calls run on the host.
+struct Churn {
+  int programs = 0;
+  int64_t host_runs = 0;
+};
+std::unordered_map<std::string, Churn>& churn_per_signature() {
+  static std::unordered_map<std::string, Churn> m;
   return m;
 }
-// Host runs per call key, until the key is compiled.
+// A call key that ran on the host: how often, and the signature's host runs
+// at its last one.
+struct KeyRuns {
+  int runs = 0;
+  int64_t last = 0;
+};
+// Host runs of a key before it is compiled, and the most host runs of its
+// signature between two of its own: a key that keeps coming back among few
+// other shapes is a loop's. One that comes back only after many others is a
+// growing sequence run again (`generate` once more); compiling each of those
+// would compile every length at once.
 constexpr int kHostRunsBeforeCompile = 8;
-std::unordered_map<std::string, int>& host_runs() {
-  static std::unordered_map<std::string, int> m;
+std::unordered_map<std::string, KeyRuns>& host_runs() {
+  static std::unordered_map<std::string, KeyRuns> m;
   return m;
 }
 std::map<std::string, int64_t>& host_calls() {
@@ -237,13 +252,19 @@ bool shape_churn(const std::string& signature, const std::string& key) {
   const int limit = churn_limit();
   if (limit <= 0) return false;
   std::lock_guard<std::mutex> lock(mu);
-  int& programs = programs_per_signature()[signature];
+  Churn& c = churn_per_signature()[signature];
   auto& runs = host_runs();
   if (runs.size() > 4096) runs.clear();
-  // A shape that keeps coming back is compiled after all; shapes that keep
-  // changing (a growing sequence) stay on the host.
-  if (programs < limit || ++runs[key] > kHostRunsBeforeCompile) {
-    ++programs;
+  bool compile = c.programs < limit;
+  if (!compile) {
+    KeyRuns& k = runs[key];
+    const bool near = k.runs == 0 || c.host_runs - k.last <= kHostRunsBeforeCompile;
+    k.runs = near ? k.runs + 1 : 1;
+    k.last = ++c.host_runs;
+    compile = k.runs > kHostRunsBeforeCompile;
+  }
+  if (compile) {
+    ++c.programs;
     runs.erase(key);
     return false;
   }

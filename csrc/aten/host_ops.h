@@ -5,7 +5,9 @@
 // programs of one op and argument structure, further new shapes of it run on
 // PyTorch's CPU kernels when every tensor is an integer or bool tensor and the
 // storages touched hold at most 64 KiB: the results are the CPU's, exactly. A
-// shape that keeps coming back is compiled after its 8th host run.
+// shape that keeps coming back with at most 8 other host runs of its op
+// between is compiled after its 8th host run; a growing sequence run again
+// (every length coming back once per run) stays on the host.
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -32,8 +34,9 @@ bool run_on_host_if_churning(const c10::OperatorHandle& op, const OpInfo& info,
                              const std::vector<DeviceStorage*>& storages, const std::string& key);
 // True when the new program `key` of `signature` (a call without its sizes)
 // should run on the host: the signature has TORCHTPU_HOST_CHURN programs
-// already and `key` ran on the host fewer than 8 times. Else counts the new
-// program and returns false.
+// already and `key` has not run on the host 8 times in a row with at most 8
+// other host runs of the signature between. Else counts the new program and
+// returns false.
 bool shape_churn(const std::string& signature, const std::string& key);
 // Sizes read from tensor values (nonzero's count, ...). A fresh output of a
 // call in a value-sized kernel, or on a value-sized input, is marked

@@ -91,6 +91,21 @@ def test_a_shape_that_comes_back_is_compiled(monkeypatch):
     assert calls[-1] - calls[-4] == 0 and calls[-1] > calls[0], calls
 
 
+def test_a_growing_sequence_run_again_does_not_compile_every_length(monkeypatch):
+    # generate called again and again: every length comes back, but one
+    # program per length would be a storm of compiles on the 9th call.
+    monkeypatch.setenv("TORCHTPU_HOST_CHURN", "2")
+    ids = torch.randint(0, 50, (2, 5))
+    eos = torch.tensor([3, 11])
+    ref, _ = grow(ids, eos, 12)
+    grow(ids.to("tpu"), eos.to("tpu"), 12)
+    c0 = compiles()
+    for _ in range(10):
+        out, _ = grow(ids.to("tpu"), eos.to("tpu"), 12)
+    assert torch.equal(out.cpu(), ref)
+    assert compiles() == c0
+
+
 def test_reading_a_view_of_a_small_storage_compiles_nothing():
     base = torch.arange(40, device="tpu").reshape(4, 10)
     base.cpu()
