@@ -294,6 +294,18 @@ Value lower_cat(BucketCtx& ctx, const std::vector<Pos>& pos, const std::vector<u
   return b.pad(acc, b.constant(0, out_box.dtype), lo, hi, in);
 }
 
+// floor(a / s) for 0 <= a < 2^50 and s >= 1, as a float64 multiply by 1/s:
+// (a + 0.5) / s is at least 0.5 / s away from an integer, more than the
+// rounding error. XLA:CPU vectorizes this; a 64-bit division by a runtime
+// value is one scalar instruction per element, tens of cycles each.
+Value floor_div(hlo::Builder& b, Value a, Value s) {
+  const Type f_t{DType::F64, a.shape()};
+  Value inv = b.binary("divide", b.constant(1, DType::F64), b.convert(s, DType::F64));
+  Value q = b.binary("multiply", b.binary("add", b.convert(a, DType::F64), b.splat(0.5, f_t)),
+                     b.broadcast_in_dim(inv, a.shape(), {}));
+  return b.convert(b.unary("floor", q), DType::I64);
+}
+
 // A box-shaped result written densely at its exact (runtime) sizes, dims in
 // the order `perm` (outermost first), into a flat buffer of the box's
 // capacity; positions past the real elements repeat the last one.
@@ -311,11 +323,15 @@ Value compact(BucketCtx& ctx, Value v, size_t out_index, const std::vector<int64
   int64_t box_stride = 1;
   for (int64_t d = static_cast<int64_t>(box.size()) - 1; d >= 0; --d) {
     Value n = ctx.extra({Geo::OutSize, static_cast<int>(out_index), -1, static_cast<int>(perm[d])});
-    Value c = b.binary("divide", j, b.broadcast_in_dim(stride, {cap}, {}));
-    c = d == 0 ? b.binary("minimum", c,
-                          b.broadcast_in_dim(b.binary("subtract", n, b.constant_int(1, DType::I64)),
-                                             {cap}, {}))
-               : b.binary("remainder", c, b.broadcast_in_dim(n, {cap}, {}));
+    Value c = floor_div(b, j, stride);  // j's index along d and the dims outside it
+    if (d == 0) {
+      c = b.binary(
+          "minimum", c,
+          b.broadcast_in_dim(b.binary("subtract", n, b.constant_int(1, DType::I64)), {cap}, {}));
+    } else {
+      Value n_b = b.broadcast_in_dim(n, {cap}, {});
+      c = b.binary("subtract", c, b.binary("multiply", floor_div(b, c, n), n_b));
+    }
     pos = b.binary("add", pos,
                    b.binary("multiply", c, b.splat(static_cast<double>(box_stride), j_t)));
     stride = b.binary("multiply", stride, n);
