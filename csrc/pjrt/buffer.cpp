@@ -1,0 +1,178 @@
+// Device buffers: placeholders filled by a later launch, host reads, and
+// destruction off the caller's thread (see pjrt.h).
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "pjrt/call.h"
+#include "pjrt/pjrt.h"
+
+namespace torchtpu::pjrt {
+
+using namespace detail;
+
+// ---------------------------------------------------------------------------
+// Buffer
+
+struct Buffer::Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::string error;
+};
+
+Buffer::Buffer(std::shared_ptr<Client> client, PJRT_Buffer* buf, DType dtype,
+               std::vector<int64_t> dims)
+    : client_(std::move(client)), buf_(buf), dtype_(dtype), dims_(std::move(dims)) {}
+
+namespace {
+
+// PJRT_Buffer_Destroy blocks until every execution reading the buffer has
+// finished, which would make the host wait for the device whenever a value
+// is replaced. Buffers are destroyed on this thread instead.
+class Reaper {
+ public:
+  Reaper() {
+    std::thread([this] { run(); }).detach();
+  }
+  void push(std::shared_ptr<Client> client, PJRT_Buffer* buf) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(std::move(client), buf);
+    if (queue_.size() == 1 || queue_.size() == kBatch) cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    std::vector<std::pair<std::shared_ptr<Client>, PJRT_Buffer*>> batch;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !queue_.empty(); });
+        // Collect a batch (or wait at most 1 ms) so one wake-up serves many buffers.
+        cv_.wait_for(lock, std::chrono::milliseconds(1),
+                     [this] { return queue_.size() >= kBatch; });
+        batch.swap(queue_);
+      }
+      for (auto& [client, buf] : batch) destroy_buffer(client->api(), buf);
+      batch.clear();
+    }
+  }
+  static constexpr size_t kBatch = 64;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<std::shared_ptr<Client>, PJRT_Buffer*>> queue_;
+};
+
+Reaper& reaper() {
+  static auto* r = new Reaper();  // leaked: buffers may die during exit
+  return *r;
+}
+
+}  // namespace
+
+std::shared_ptr<Buffer> Buffer::placeholder(std::shared_ptr<Client> client, DType dtype,
+                                            std::vector<int64_t> dims) {
+  auto b = std::make_shared<Buffer>(std::move(client), nullptr, dtype, std::move(dims));
+  b->pending_ = std::make_unique<Pending>();
+  return b;
+}
+
+PJRT_Buffer* Buffer::wait_filled() const {
+  if (!pending_) throw Error("Buffer: no PJRT buffer (already given away)");
+  std::unique_lock<std::mutex> lock(pending_->mu);
+  pending_->cv.wait(lock, [&] { return pending_->done; });
+  if (PJRT_Buffer* b = buf_.load(std::memory_order_acquire)) return b;
+  throw Error(pending_->error);
+}
+
+void Buffer::fill(Buffer& produced) {
+  if (!pending_) throw Error("Buffer::fill: not a placeholder");
+  if (produced.dtype_ != dtype_ || produced.dims_ != dims_)
+    return fail("Buffer::fill: the program produced " + std::string(mlir_name(produced.dtype_)) +
+                " of " + std::to_string(produced.numel()) + " elements where " +
+                std::string(mlir_name(dtype_)) + " of " + std::to_string(numel()) +
+                " were expected");
+  std::lock_guard<std::mutex> lock(pending_->mu);
+  if (pending_->done) throw Error("Buffer::fill: already filled");
+  buf_.store(produced.buf_.exchange(nullptr), std::memory_order_release);
+  pending_->done = true;
+  pending_->cv.notify_all();
+}
+
+void Buffer::fail(const std::string& why) {
+  if (!pending_) throw Error("Buffer::fail: not a placeholder");
+  std::lock_guard<std::mutex> lock(pending_->mu);
+  if (pending_->done) return;
+  pending_->error = why;
+  pending_->done = true;
+  pending_->cv.notify_all();
+}
+
+bool Buffer::filled() const {
+  if (buf_.load(std::memory_order_acquire)) return true;
+  if (!pending_) return false;
+  std::lock_guard<std::mutex> lock(pending_->mu);
+  return pending_->done;
+}
+
+Buffer::~Buffer() {
+  if (PJRT_Buffer* b = buf_.load(std::memory_order_acquire)) reaper().push(std::move(client_), b);
+}
+
+int64_t Buffer::numel() const {
+  int64_t n = 1;
+  for (int64_t d : dims_) n *= d;
+  return n;
+}
+
+void Buffer::await_ready() const {
+  const PJRT_Api* api = client_->api();
+  auto a = TT_ARGS(Buffer_ReadyEvent);
+  a.buffer = raw();
+  TT_CALL(api, Buffer_ReadyEvent, a);
+  Event(api, a.event).await("PJRT_Event_Await (buffer ready)");
+}
+
+bool Buffer::is_ready() const {
+  if (!filled()) return false;
+  const PJRT_Api* api = client_->api();
+  auto a = TT_ARGS(Buffer_ReadyEvent);
+  a.buffer = raw();
+  TT_CALL(api, Buffer_ReadyEvent, a);
+  return Event(api, a.event).is_ready();
+}
+
+void Buffer::to_host(void* dst, size_t dst_bytes) const {
+  if (dst_bytes != nbytes()) {
+    throw Error("Buffer::to_host: destination has " + std::to_string(dst_bytes) +
+                " bytes but the buffer holds " + std::to_string(nbytes()));
+  }
+  if (dst_bytes == 0) {
+    await_ready();  // Still report a failed producer; a null dst would mean "query size".
+    return;
+  }
+  const PJRT_Api* api = client_->api();
+  auto a = TT_ARGS(Buffer_ToHostBuffer);
+  a.src = raw();
+  a.dst = dst;
+  a.dst_size = dst_bytes;
+  TT_CALL(api, Buffer_ToHostBuffer, a);
+  Event(api, a.event).await("PJRT_Event_Await (PJRT_Buffer_ToHostBuffer)");
+}
+
+std::shared_ptr<Buffer> Buffer::copy_to_device(int device) const {
+  const PJRT_Api* api = client_->api();
+  auto a = TT_ARGS(Buffer_CopyToDevice);
+  a.buffer = raw();
+  a.dst_device = client_->device(device);
+  TT_CALL(api, Buffer_CopyToDevice, a);
+  try {
+    return std::make_shared<Buffer>(client_, a.dst_buffer, dtype_, dims_);
+  } catch (...) {
+    destroy_buffer(api, a.dst_buffer);
+    throw;
+  }
+}
+
+}  // namespace torchtpu::pjrt
