@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -52,6 +53,8 @@ std::optional<OpKind> kind_of(const c10::OperatorHandle& op, const OpInfo& info)
   if (base == "amax" || base == "_softmax" || base == "_log_softmax")
     return OpKind{Kind::Reduce, -inf};
   if (base == "amin") return OpKind{Kind::Reduce, inf};
+  if (base == "all") return OpKind{Kind::Reduce, 1};
+  if (base == "any") return OpKind{Kind::Reduce, 0};
   if (op.hasTag(at::Tag::pointwise) ||
       (info.functional && info.functional->hasTag(at::Tag::pointwise)))
     return OpKind{Kind::Pointwise};
@@ -64,7 +67,15 @@ struct Pos {
   at::Tensor t;
 };
 
-// Per call structure (op, dtypes, ranks): how each input dim's size moved.
+// Marks a position read through its runtime geometry although no dim of it
+// is padded: a view whose offset or strides keep changing (a growing
+// sequence's last column) in a storage a bucketed call wrote, whose size
+// stays the bucket's capacity.
+constexpr uint64_t kGeo = uint64_t{1} << 63;
+constexpr int64_t kMaxDims = 63;
+
+// Per call structure (op, dtypes, ranks): how each input dim's size moved,
+// and, after the dims, how its place in its storage moved.
 struct History {
   std::vector<std::vector<int64_t>> last;   // sizes at the previous miss
   std::vector<std::vector<int64_t>> epoch;  // host-sync count of the last change
@@ -77,7 +88,24 @@ std::unordered_map<std::string, History>& histories() {
   return m;
 }
 
-// The dims of each position that keep changing (bit d set), noting this call.
+// A tensor's sizes, then its offset and strides hashed into one value (the
+// strides of size-1 dims do not move an element).
+std::vector<int64_t> placement(const at::Tensor& t) {
+  std::vector<int64_t> v = t.sizes().vec();
+  uint64_t h = static_cast<uint64_t>(t.storage_offset());
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1) h = h * 1000003 ^ static_cast<uint64_t>(t.stride(d));
+  v.push_back(static_cast<int64_t>(h));
+  return v;
+}
+
+bool capacity_storage(const at::Tensor& t) {
+  const DeviceStorage& st = device_storage(t.storage());
+  return st.buffer && st.real_of == st.buffer.get();
+}
+
+// The dims of each position that keep changing (bit d set), or kGeo for a
+// view that keeps moving in a capacity storage, noting this call.
 std::vector<uint64_t> dynamic_dims(const std::string& sig, const std::vector<Pos>& pos,
                                    bool* failed) {
   const int64_t epoch = metrics().host_syncs.load();
@@ -90,21 +118,26 @@ std::vector<uint64_t> dynamic_dims(const std::string& sig, const std::vector<Pos
     h.epoch.clear();
     h.changes.clear();
     for (const Pos& p : pos) {
-      h.last.push_back(p.t.sizes().vec());
-      h.epoch.emplace_back(p.t.dim(), -1);
-      h.changes.emplace_back(p.t.dim(), 0);
+      h.last.push_back(placement(p.t));
+      h.epoch.emplace_back(p.t.dim() + 1, -1);
+      h.changes.emplace_back(p.t.dim() + 1, 0);
     }
     return dyn;
   }
   for (size_t i = 0; i < pos.size(); ++i) {
-    for (int64_t d = 0; d < pos[i].t.dim() && d < 64; ++d) {
-      const int64_t s = pos[i].t.size(d);
-      if (s != h.last[i][d] && h.epoch[i][d] != epoch) {
+    const std::vector<int64_t> now = placement(pos[i].t);
+    const int64_t rank = pos[i].t.dim();
+    for (int64_t d = 0; d <= rank && d < kMaxDims; ++d) {
+      if (now[d] != h.last[i][d] && h.epoch[i][d] != epoch) {
         h.epoch[i][d] = epoch;
         h.changes[i][d]++;
       }
-      h.last[i][d] = s;
-      if (h.changes[i][d] >= kChangesBeforeBucketing) dyn[i] |= uint64_t{1} << d;
+      h.last[i][d] = now[d];
+      if (h.changes[i][d] < kChangesBeforeBucketing) continue;
+      if (d < rank)
+        dyn[i] |= uint64_t{1} << d;
+      else if (capacity_storage(pos[i].t))
+        dyn[i] |= kGeo;
     }
   }
   return dyn;
@@ -397,12 +430,15 @@ struct Plan {
 
 std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
                               const torch::jit::Stack& s, const CallKey& call) {
-  if (!enabled() || info.foreach || info.list_write_arg >= 0) return std::nullopt;
-  const std::optional<OpKind> kind = kind_of(op, info);
-  if (!kind) return std::nullopt;
+  if (!enabled() || info.foreach || info.list_write_arg >= 0 || !info.rule) return std::nullopt;
+  // An op that is not a bucketed kind may still read moving views (kGeo):
+  // nothing is padded, so any rule sees exact values.
+  const std::optional<OpKind> known = kind_of(op, info);
+  const OpKind* kind = known ? &*known : nullptr;
+  const OpKind exact{Kind::Pointwise};
   const size_t first = call.first, n = call.n;
   if (value_sized_call(call.storages)) return std::nullopt;
-  Plan pl{*kind};
+  Plan pl{kind ? *kind : exact};
 
   // Returns: fresh tensors, or out= tensors written whole (writable_out).
   pl.is_out.assign(n, false);
@@ -420,7 +456,7 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
       if (t.defined() && t.device().is_privateuseone() && t.dim() > 0)
         pl.pos.push_back({static_cast<int>(i), -1, t});
     } else if (v.isTensorList()) {
-      if (kind->kind != Kind::Cat) return std::nullopt;
+      if (!kind || kind->kind != Kind::Cat) return std::nullopt;
       pl.list_arg = static_cast<int>(i);
       auto l = v.toTensorList();
       for (size_t j = 0; j < l.size(); ++j) {
@@ -441,7 +477,12 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
   pl.dyn = dynamic_dims(pl.sig, pl.pos, &failed);
   if (failed || std::all_of(pl.dyn.begin(), pl.dyn.end(), [](uint64_t m) { return m == 0; }))
     return std::nullopt;
-  if (kind->kind == Kind::Matmul || kind->kind == Kind::Reduce)
+  const bool padded =
+      std::any_of(pl.dyn.begin(), pl.dyn.end(), [](uint64_t m) { return (m & ~kGeo) != 0; });
+  if (padded && !kind) return std::nullopt;
+  if (!padded) pl.kind = exact;
+  // Integer padding cannot hold an infinite neutral element.
+  if (pl.kind.kind == Kind::Matmul || (pl.kind.kind == Kind::Reduce && std::isinf(pl.kind.neutral)))
     for (const Pos& p : pl.pos)
       if (!c10::isFloatingType(p.t.scalar_type())) return std::nullopt;
 
@@ -464,7 +505,7 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
   for (const auto& sizes : pl.out_sizes)
     for (int64_t z : sizes)
       if (z == 0) return std::nullopt;
-  if (kind->kind == Kind::Cat) {
+  if (pl.kind.kind == Kind::Cat) {
     if (pl.list_arg < 0 || pl.out_sizes.size() != 1) return std::nullopt;
     const int64_t rank = static_cast<int64_t>(pl.out_sizes[0].size());
     pl.cat_dim = c10::maybe_wrap_dim(s[first + pl.list_arg + 1].toInt(), rank);

@@ -19,9 +19,10 @@ namespace torchtpu::aten {
 
 // Called where Strict would compile a new program for `call`. Runs the call
 // bucketed and returns true when its op is one of the bucketed kinds
-// (pointwise, sums/max/min, softmax, mm/bmm, cat), its outputs are fresh and
-// some input dim has changed size since the op's first call of this
-// structure; else returns false (and nothing ran).
+// (pointwise, sums/max/min/all/any, softmax, mm/bmm, cat), its outputs are
+// fresh and some input dim has changed size since the op's first call of this
+// structure, or when (any op) an input is a view that keeps moving in a
+// storage a bucketed call wrote; else returns false (and nothing ran).
 // `before` runs once the call qualifies, before its storages are read, and
 // may hand it back by returning false (Fused Eager cuts its graph there, so
 // the graphs around such calls keep static keys).

@@ -109,6 +109,36 @@ void write_dense(const at::Tensor& dst, const pjrt::BufferPtr& value_buf) {
   st.buffer = outs[0];
 }
 
+// A view of `st` gathered densely, its offset and strides runtime values.
+pjrt::BufferPtr read_moving_view(const at::Tensor& t, const DeviceStorage& st, DType d) {
+  const int64_t rank = t.dim();
+  std::vector<int64_t> geo{t.storage_offset()};
+  for (int64_t s : t.strides()) geo.push_back(s);
+  const int64_t n_geo = static_cast<int64_t>(geo.size());
+  std::string key = "Creadg";
+  key.push_back(static_cast<char>(d));
+  key.push_back(static_cast<char>(st.dtype));
+  for (int64_t z : t.sizes()) key.append(std::to_string(z)).push_back(',');
+  key.append(std::to_string(st.buffer->numel()));
+  auto outs = run_internal(
+      "copy_read", key,
+      [&](Builder& b) {
+        Value flat = load_flat(b, st, d);
+        Value g = b.param(Type{DType::I64, {n_geo}});
+        auto at = [&](int64_t i) { return b.reshape(b.slice(g, {i}, {i + 1}, {1}), {}); };
+        const std::vector<int64_t> sizes = t.sizes().vec();
+        const Type idx_t{DType::I64, sizes};
+        Value idx = b.broadcast_in_dim(at(0), sizes, {});
+        for (int64_t k = 0; k < rank; ++k)
+          idx = b.binary(
+              "add", idx,
+              b.binary("multiply", b.iota(idx_t, k), b.broadcast_in_dim(at(k + 1), sizes, {})));
+        b.ret({b.reshape(b.gather_flat(flat, idx), {t.numel()})});
+      },
+      {st.buffer, upload(geo.data(), DType::I64, {&n_geo, 1}, st.device)}, st.device);
+  return outs[0];
+}
+
 }  // namespace
 
 pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
@@ -119,6 +149,11 @@ pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
   std::string key = "Cread" + geom_key(t);
   key.push_back(static_cast<char>(st.dtype));
   key.append(std::to_string(st.buffer->numel()));
+  // A bucketed call wrote this storage at its bucket's capacity, so views of
+  // it move (a growing sequence's last column) while its size stays: read
+  // with the offset and strides as runtime values, one program per bucket.
+  if (st.real_of == st.buffer.get() && t.dim() > 0 && t.numel() > 0 && !find_program(key))
+    return read_moving_view(t, st, d);
   // A small integer view whose geometry keeps changing (a growing sequence's
   // last column) is gathered on the host instead of compiling a program each time.
   if (st.nbytes <= (64 << 10) && c10::isIntegralType(t.scalar_type(), true) && !find_program(key) &&

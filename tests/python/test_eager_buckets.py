@@ -78,6 +78,8 @@ def reductions(x, b):
         torch.log_softmax(x, 1),
         torch.softmax(x, 1),
         x.sum(),
+        (x > 0).all(1),
+        (x > b[:, None]).any(),
         torch.where(x > 0, x, b[:, None] * 0.5),
     )
 
@@ -95,6 +97,38 @@ def test_reductions_and_pointwise_along_a_growing_dim(eager, buckets):
         # Pointwise results are exact at any size.
         assert torch.equal(got[-1].cpu(), reductions(x, b)[-1])
     assert bucketed() - b0 > 50
+
+
+def growing_with_moving_views(dev, steps, per_step=None):
+    """A sequence grown by cat; each step reads and computes on its last column,
+    a view whose offset moves in the storage the bucketed cat wrote."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 4, generator=g).to(dev)
+    reads, outs = [], []
+    for _ in range(steps):
+        x = torch.cat([x, torch.randn(3, 1, generator=g).to(dev)], dim=1)
+        last = x[:, -1:]
+        outs.append((torch.exp(last) + x[:, -2:-1] * 2).cpu())
+        reads.append(last.clone().cpu())
+        if per_step is not None:
+            per_step.append(programs())
+    return torch.cat(outs, 1), torch.cat(reads, 1)
+
+
+# Fused Eager records this step (cat and the ops on its views) as one graph
+# keyed by its exact sizes, so it compiles per length there (not bucketed yet).
+@pytest.mark.parametrize("eager", ["strict", "debug"], indirect=True)
+def test_moving_views_of_a_bucketed_storage_compile_per_bucket(eager, buckets):
+    ref = growing_with_moving_views("cpu", 40)
+    per_step: list[int] = []
+    got = growing_with_moving_views("tpu", 40, per_step)
+    torch.testing.assert_close(got[0], ref[0], **F32_TOL)
+    assert torch.equal(got[1], ref[1])
+    # Columns 5..44: with their offsets as runtime values, the reads and the
+    # ops on the moving views compile at the bucket boundaries (16, 32) only,
+    # where exact offsets would compile every step.
+    assert per_step[-1] - per_step[8] <= 12, per_step
+    assert per_step[-1] - per_step[-8] == 0, per_step
 
 
 @pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
