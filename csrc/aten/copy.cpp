@@ -159,7 +159,8 @@ pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
   if (st.nbytes <= (64 << 10) && c10::isIntegralType(t.scalar_type(), true) && !find_program(key) &&
       shape_churn("copy_read|" + std::to_string(static_cast<int>(t.scalar_type())) + "," +
                       std::to_string(t.dim()),
-                  key)) {
+                  key) != NewShape::Compile) {
+    count_host_call("copy_read");
     at::Tensor host = to_host(t, why).contiguous();
     int64_t dims[1] = {host.numel()};
     return upload(host.data_ptr(), d, dims, st.device);

@@ -245,7 +245,9 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     // Nor do calls of SPMD ranks: those heuristics count calls process-wide,
     // so ranks would decide differently and their programs differ.
     const bool same_on_ranks = spmd >= 0 || (spmd_mode() && rank_device(device));
-    if (!same_on_ranks && run_on_host_if_churning(op, info, stack, first, n, storages, key)) return;
+    const NewShape ns =
+        same_on_ranks ? NewShape::Compile : new_shape(info, *stack, first, n, storages, key);
+    if (ns == NewShape::Host) return run_on_host(op, info, stack, first, n, storages);
     // Sizes that keep changing run op by op after a cut, bucketed; the graphs
     // around them keep their keys. Strict runs the call instead when it has an
     // exact program for it, or raises the error of a graph the cut ran.
@@ -259,6 +261,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     };
     if (!same_on_ranks && run_bucketed(op, info, stack, call, cut_here)) return;
     if (cut) return strict_run(op, info, stack);
+    if (ns == NewShape::BucketedElseHost) return run_on_host(op, info, stack, first, n, storages);
     tmpl = make_template(op, info, *stack, first, n, storages);
     add_template(key, tmpl);
   }

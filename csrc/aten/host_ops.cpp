@@ -36,6 +36,7 @@ std::mutex mu;
 struct Churn {
   int programs = 0;
   int64_t host_runs = 0;
+  bool again = false;  // a growing sequence came back: bucketed programs pay off
 };
 std::unordered_map<std::string, Churn>& churn_per_signature() {
   static std::unordered_map<std::string, Churn> m;
@@ -179,8 +180,8 @@ at::Tensor to_device(const at::Tensor& host, int device) {
                      c.scalar_type(), device);
 }
 
-void run_on_host(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
-                 size_t first, size_t n, int device) {
+void host_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+              size_t first, size_t n, int device) {
   SyncReason why("host_op");
   const auto& args = op.schema().arguments();
   HostStorages host;
@@ -239,18 +240,26 @@ void run_on_host(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
 
 }  // namespace
 
-bool run_on_host_if_churning(const c10::OperatorHandle& op, const OpInfo& info,
-                             torch::jit::Stack* stack, size_t first, size_t n,
-                             const std::vector<DeviceStorage*>& storages, const std::string& key) {
-  if (churn_limit() <= 0 || !eligible(*stack, first, n, storages)) return false;
-  if (!shape_churn(call_signature(info, *stack, first, n), key)) return false;
-  run_on_host(op, info, stack, first, n, storages[0]->device);
-  return true;
+NewShape new_shape(const OpInfo& info, const torch::jit::Stack& stack, size_t first, size_t n,
+                   const std::vector<DeviceStorage*>& storages, const std::string& key) {
+  if (churn_limit() <= 0 || !eligible(stack, first, n, storages)) return NewShape::Compile;
+  return shape_churn(call_signature(info, stack, first, n), key);
 }
 
-bool shape_churn(const std::string& signature, const std::string& key) {
+void run_on_host(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                 size_t first, size_t n, const std::vector<DeviceStorage*>& storages) {
+  count_host_call(info.name);
+  host_run(op, info, stack, first, n, storages[0]->device);
+}
+
+void count_host_call(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu);
+  ++host_calls()[name];
+}
+
+NewShape shape_churn(const std::string& signature, const std::string& key) {
   const int limit = churn_limit();
-  if (limit <= 0) return false;
+  if (limit <= 0) return NewShape::Compile;
   std::lock_guard<std::mutex> lock(mu);
   Churn& c = churn_per_signature()[signature];
   auto& runs = host_runs();
@@ -259,6 +268,8 @@ bool shape_churn(const std::string& signature, const std::string& key) {
   if (!compile) {
     KeyRuns& k = runs[key];
     const bool near = k.runs == 0 || c.host_runs - k.last <= kHostRunsBeforeCompile;
+    // A key back after many other shapes: the sequence runs again.
+    if (!near) c.again = true;
     k.runs = near ? k.runs + 1 : 1;
     k.last = ++c.host_runs;
     compile = k.runs > kHostRunsBeforeCompile;
@@ -266,10 +277,9 @@ bool shape_churn(const std::string& signature, const std::string& key) {
   if (compile) {
     ++c.programs;
     runs.erase(key);
-    return false;
+    return NewShape::Compile;
   }
-  ++host_calls()[signature.substr(0, signature.find('|'))];
-  return true;
+  return c.again ? NewShape::BucketedElseHost : NewShape::Host;
 }
 
 namespace {

@@ -6,8 +6,10 @@
 // PyTorch's CPU kernels when every tensor is an integer or bool tensor and the
 // storages touched hold at most 64 KiB: the results are the CPU's, exactly. A
 // shape that keeps coming back with at most 8 other host runs of its op
-// between is compiled after its 8th host run; a growing sequence run again
-// (every length coming back once per run) stays on the host.
+// between is compiled after its 8th host run. A growing sequence run again
+// (every length coming back once per run, `generate` called once more) is
+// worth programs that serve every length: its calls then run bucketed
+// (bucketed.h), one program per bucket, and on the host where they cannot.
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -26,18 +28,29 @@ namespace torchtpu::aten {
 // argument's kind, dtype, rank and device.
 std::string call_signature(const OpInfo& info, const torch::jit::Stack& stack, size_t first,
                            size_t n);
-// Called where a runner would compile a new program for this call (its
-// out= tensors already sized). Runs the call on the host and returns true
-// when the call qualifies; else counts the new shape and returns false.
-bool run_on_host_if_churning(const c10::OperatorHandle& op, const OpInfo& info,
-                             torch::jit::Stack* stack, size_t first, size_t n,
-                             const std::vector<DeviceStorage*>& storages, const std::string& key);
-// True when the new program `key` of `signature` (a call without its sizes)
-// should run on the host: the signature has TORCHTPU_HOST_CHURN programs
-// already and `key` has not run on the host 8 times in a row with at most 8
-// other host runs of the signature between. Else counts the new program and
-// returns false.
-bool shape_churn(const std::string& signature, const std::string& key);
+// What a runner does with a call it has no program for (its out= tensors
+// already sized).
+enum class NewShape {
+  Compile,           // compile it (bucketed when its sizes keep changing)
+  Host,              // run it on the host (run_on_host)
+  BucketedElseHost,  // a growing sequence run again: run it bucketed, one
+                     // program per bucket; on the host when it cannot be
+};
+// Compile for calls that are not small integer calls; else shape_churn.
+NewShape new_shape(const OpInfo& info, const torch::jit::Stack& stack, size_t first, size_t n,
+                   const std::vector<DeviceStorage*>& storages, const std::string& key);
+// Runs the call on PyTorch's CPU kernels, reading and writing the storages
+// whole; its results equal the CPU's exactly.
+void run_on_host(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
+                 size_t first, size_t n, const std::vector<DeviceStorage*>& storages);
+// Counts a host run of `name` in host_op_report.
+void count_host_call(const std::string& name);
+// For the new program `key` of `signature` (a call without its sizes):
+// Compile while the signature has fewer than TORCHTPU_HOST_CHURN programs,
+// or once `key` ran on the host 8 times in a row with at most 8 other host
+// runs of the signature between; else Host, or BucketedElseHost once some
+// key of the signature came back after more than 8 others.
+NewShape shape_churn(const std::string& signature, const std::string& key);
 // Sizes read from tensor values (nonzero's count, ...). A fresh output of a
 // call in a value-sized kernel, or on a value-sized input, is marked
 // value-sized when one of its sizes is such a recent value; Fused Eager runs

@@ -150,8 +150,11 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     // out= tensors of the wrong size are resized first (then the key changes).
     if (info.is_out && resize_outs(op, info, *stack, first, n, call.key))
       return strict_run(op, info, stack);
-    if (run_on_host_if_churning(op, info, stack, first, n, call.storages, call.key)) return;
+    const NewShape ns = new_shape(info, *stack, first, n, call.storages, call.key);
+    if (ns == NewShape::Host) return run_on_host(op, info, stack, first, n, call.storages);
     if (run_bucketed(op, info, stack, call)) return;
+    if (ns == NewShape::BucketedElseHost)
+      return run_on_host(op, info, stack, first, n, call.storages);
     TraceScope trace([&] { return "torchtpu::compile aten::" + info.name; });
     auto made = compile_call(op, info, *stack, first, n, call.storages);
     made->what = "aten::" + info.name;

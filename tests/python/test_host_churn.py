@@ -21,13 +21,16 @@ def host_calls() -> int:
     return sum(torchtpu.metrics()["host_ops"].values())
 
 
-def grow(ids, eos, steps, per_step=None):
-    """generate's loop without a model: append a token, test the last one."""
+def grow(ids, eos, steps, per_step=None, read=False):
+    """generate's loop without a model: append a token, test the last one
+    (and with `read`, read the test's result each step, as generate does)."""
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
     for i in range(steps):
         nxt = (ids[:, -1:] * 7 + i) % 50
         ids = torch.cat([ids, nxt], dim=-1)
         done = done | torch.isin(ids[:, -1], eos)
+        if read:
+            done.all().item()
         if per_step is not None:
             per_step.append(compiles())
     return ids, done
@@ -104,6 +107,27 @@ def test_a_growing_sequence_run_again_does_not_compile_every_length(monkeypatch)
         out, _ = grow(ids.to("tpu"), eos.to("tpu"), 12)
     assert torch.equal(out.cpu(), ref)
     assert compiles() == c0
+
+
+def test_a_growing_sequence_run_again_runs_bucketed(monkeypatch):
+    # From its second run on, the sequence's calls run bucketed: one program
+    # per bucket serves every length, and no host round trip per call.
+    monkeypatch.setenv("TORCHTPU_HOST_CHURN", "2")
+    monkeypatch.setenv("TORCHTPU_EAGER_BUCKETS", "1")
+    ids = torch.randint(0, 50, (1, 5))
+    eos = torch.tensor([3, 11])
+    ref, ref_done = grow(ids, eos, 30)
+    passes = []
+    for _ in range(5):
+        c0, h0 = compiles(), host_calls()
+        out, done = grow(ids.to("tpu"), eos.to("tpu"), 30, read=True)
+        assert torch.equal(out.cpu(), ref) and torch.equal(done.cpu(), ref_done)
+        passes.append((compiles() - c0, host_calls() - h0))
+    assert passes[0][1] > 30, passes  # the first run: host runs, no program per length
+    assert sum(c for c, _ in passes) <= 40, passes  # lengths 6..35: buckets 8, 16, 32, 64
+    # The last runs compile nothing; only the first step (on the uploaded
+    # ids, whose storage no bucketed call wrote) still runs on the host.
+    assert passes[-1][0] == 0 and passes[-1][1] <= 2, passes
 
 
 def test_reading_a_view_of_a_small_storage_compiles_nothing():
