@@ -426,6 +426,7 @@ struct Plan {
   std::string sig;
   std::vector<std::vector<int64_t>> out_sizes;
   int64_t cat_dim = 0, cat_box = 0;
+  bool padded = false;  // some dim is bucketed (else only kGeo positions)
 };
 
 std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
@@ -481,6 +482,7 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
       std::any_of(pl.dyn.begin(), pl.dyn.end(), [](uint64_t m) { return (m & ~kGeo) != 0; });
   if (padded && !kind) return std::nullopt;
   if (!padded) pl.kind = exact;
+  pl.padded = padded;
   // Integer padding cannot hold an infinite neutral element.
   if (pl.kind.kind == Kind::Matmul || (pl.kind.kind == Kind::Reduce && std::isinf(pl.kind.neutral)))
     for (const Pos& p : pl.pos)
@@ -589,8 +591,14 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
           boxed[pos[k].arg] = l;
         }
       }
-      for (size_t i = 0; i < n; ++i)
-        if (is_out[i]) boxed[i] = at::empty({0}, boxed[i].toTensor().options().device(c10::kMeta));
+      // Outputs take the box's sizes from the meta kernel; with nothing padded
+      // they keep their own (an in-place op such as copy_ does not resize).
+      for (size_t i = 0; i < n; ++i) {
+        if (!is_out[i]) continue;
+        const at::Tensor o = boxed[i].toTensor();
+        const std::vector<int64_t> sizes = plan->padded ? std::vector<int64_t>{0} : o.sizes().vec();
+        boxed[i] = at::empty(sizes, o.options().device(c10::kMeta));
+      }
       CallOutputs outs = call_outputs(op, info, boxed, 0, n);
       if (kind.kind == Kind::Cat) outs.types[0].shape[cat_dim] = cat_box;
       made->ret_lists = outs.ret_lists;

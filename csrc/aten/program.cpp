@@ -44,7 +44,9 @@ void key_tensor(std::string& k, const at::Tensor& t, std::vector<DeviceStorage*>
     return;
   }
   k.push_back('T');
-  for (int64_t s : t.strides()) put(k, s);
+  // A size-1 dim's stride moves no element (a growing sequence's last column
+  // has the length as one): programs read such views alike.
+  for (int64_t d = 0; d < t.dim(); ++d) put(k, t.size(d) == 1 ? int64_t{0} : t.stride(d));
   put(k, t.storage_offset());
   auto& st = device_storage(t.storage());
   put(k, static_cast<int16_t>(slot_index(slots, &st)));
