@@ -115,9 +115,7 @@ def growing_with_moving_views(dev, steps, per_step=None):
     return torch.cat(outs, 1), torch.cat(reads, 1)
 
 
-# Fused Eager records this step (cat and the ops on its views) as one graph
-# keyed by its exact sizes, so it compiles per length there (not bucketed yet).
-@pytest.mark.parametrize("eager", ["strict", "debug"], indirect=True)
+@pytest.mark.parametrize("eager", ["strict", "debug", "fused"], indirect=True)
 def test_moving_views_of_a_bucketed_storage_compile_per_bucket(eager, buckets):
     ref = growing_with_moving_views("cpu", 40)
     per_step: list[int] = []
