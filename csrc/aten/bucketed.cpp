@@ -99,11 +99,6 @@ std::vector<int64_t> placement(const at::Tensor& t) {
   return v;
 }
 
-bool capacity_storage(const at::Tensor& t) {
-  const DeviceStorage& st = device_storage(t.storage());
-  return st.buffer && st.real_of == st.buffer.get();
-}
-
 // The dims of each position that keep changing (bit d set), or kGeo for a
 // view that keeps moving in a capacity storage, noting this call.
 std::vector<uint64_t> dynamic_dims(const std::string& sig, const std::vector<Pos>& pos,
@@ -136,7 +131,7 @@ std::vector<uint64_t> dynamic_dims(const std::string& sig, const std::vector<Pos
       if (h.changes[i][d] < kChangesBeforeBucketing) continue;
       if (d < rank)
         dyn[i] |= uint64_t{1} << d;
-      else if (capacity_storage(pos[i].t))
+      else if (device_storage(pos[i].t.storage()).bucketed())
         dyn[i] |= kGeo;
     }
   }
@@ -389,8 +384,7 @@ bool writable_out(const at::Tensor& t) {
   if (!t.defined() || !t.device().is_privateuseone()) return false;
   const DeviceStorage& st = device_storage(t.storage());
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  const bool real_part =
-      !st.pending && st.buffer && st.buffer.get() == st.real_of && st.real_bytes == bytes;
+  const bool real_part = !st.pending && st.bucketed() && st.real_bytes == bytes;
   return t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
          (st.nbytes == bytes || real_part);
 }
@@ -434,12 +428,11 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
   if (!enabled() || info.foreach || info.list_write_arg >= 0 || !info.rule) return std::nullopt;
   // An op that is not a bucketed kind may still read moving views (kGeo):
   // nothing is padded, so any rule sees exact values.
-  const std::optional<OpKind> known = kind_of(op, info);
-  const OpKind* kind = known ? &*known : nullptr;
+  const std::optional<OpKind> kind = kind_of(op, info);
   const OpKind exact{Kind::Pointwise};
   const size_t first = call.first, n = call.n;
   if (value_sized_call(call.storages)) return std::nullopt;
-  Plan pl{kind ? *kind : exact};
+  Plan pl{kind.value_or(exact)};
 
   // Returns: fresh tensors, or out= tensors written whole (writable_out).
   pl.is_out.assign(n, false);

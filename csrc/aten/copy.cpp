@@ -152,7 +152,7 @@ pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
   // A bucketed call wrote this storage at its bucket's capacity, so views of
   // it move (a growing sequence's last column) while its size stays: read
   // with the offset and strides as runtime values, one program per bucket.
-  if (st.real_of == st.buffer.get() && t.dim() > 0 && t.numel() > 0 && !find_program(key))
+  if (st.bucketed() && t.dim() > 0 && t.numel() > 0 && !find_program(key))
     return read_moving_view(t, st, d);
   // A small integer view whose geometry keeps changing (a growing sequence's
   // last column) is gathered on the host instead of compiling a program each time.

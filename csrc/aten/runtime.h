@@ -73,6 +73,8 @@ struct DeviceStorage {
   size_t real_bytes = 0;
   const void* real_of = nullptr;
   bool has_value() const { return buffer || pending; }
+  // The buffer is the one a bucketed call wrote (at its bucket's capacity).
+  bool bucketed() const { return buffer && real_of == buffer.get(); }
 };
 
 DeviceStorage& device_storage(const c10::Storage& storage);
