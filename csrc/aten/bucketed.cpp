@@ -138,6 +138,33 @@ std::vector<uint64_t> dynamic_dims(const std::string& sig, const std::vector<Pos
   return dyn;
 }
 
+// An exact call key that ran bucketed: the host-sync epoch of its last call
+// and the run of consecutive epochs it came back in.
+struct KeyEpochs {
+  int64_t last = -1;
+  int streak = 0;
+};
+// A key back in this many steps in a row (epochs at most kStepEpochs apart:
+// a training step ends in a read or a few) is a loop's static shape: its dims looked changing only
+// because other shapes of the op came first (a growing sequence, another model). It then gets its
+// exact program, so Fused Eager keeps it inside the step's graph. A growing sequence's lengths each
+// stay within one epoch (a token); run again, they come back only after many.
+constexpr int kStaticEpochs = 4;
+constexpr int64_t kStepEpochs = 4;
+
+bool static_key(const std::string& key) {
+  const int64_t epoch = metrics().host_syncs.load();
+  std::lock_guard<std::mutex> lock(history_mu);
+  static auto& seen = *new std::unordered_map<std::string, KeyEpochs>();
+  if (seen.size() > 4096) seen.clear();
+  KeyEpochs& k = seen[key];
+  if (k.last != epoch) {
+    k.streak = k.last >= 0 && epoch - k.last <= kStepEpochs ? k.streak + 1 : 1;
+    k.last = epoch;
+  }
+  return k.streak >= kStaticEpochs;
+}
+
 void mark_failed(const std::string& sig) {
   std::lock_guard<std::mutex> lock(history_mu);
   histories()[sig].failed = true;
@@ -515,7 +542,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
                   const CallKey& call, c10::function_ref<bool()> before) {
   torch::jit::Stack& s = *stack;
   std::optional<Plan> plan = plan_call(op, info, s, call);
-  if (!plan || (before && !before())) return false;
+  if (!plan || static_key(call.key) || (before && !before())) return false;
   const size_t first = call.first, n = call.n;
   const OpKind kind = plan->kind;
   const std::vector<bool>& is_out = plan->is_out;

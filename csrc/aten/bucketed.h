@@ -22,7 +22,9 @@ namespace torchtpu::aten {
 // (pointwise, sums/max/min/all/any, softmax, mm/bmm, cat), its outputs are
 // fresh and some input dim has changed size since the op's first call of this
 // structure, or when (any op) an input is a view that keeps moving in a
-// storage a bucketed call wrote; else returns false (and nothing ran).
+// storage a bucketed call wrote; else returns false (and nothing ran). It
+// also returns false for a call whose exact sizes came back in each of the
+// last few steps (host syncs): a loop's static shape gets its exact program.
 // `before` runs once the call qualifies, before its storages are read, and
 // may hand it back by returning false (Fused Eager cuts its graph there, so
 // the graphs around such calls keep static keys).

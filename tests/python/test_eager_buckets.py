@@ -130,6 +130,33 @@ def test_moving_views_of_a_bucketed_storage_compile_per_bucket(eager, buckets):
 
 
 @pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
+def test_sizes_back_every_step_get_exact_programs(eager, buckets):
+    """Once an op's dims have changed (a growing sequence, or another model's calls
+    of it), a call at a size it has not seen runs bucketed. Sizes that come back
+    every step are a loop's static shapes: after a few steps they run exact
+    programs (in Fused Eager inside the step's graph), not bucketed calls."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(24, 7, generator=g)
+    tw = w.to("tpu")
+    for n in range(5, 12):  # a changing size: the op's dims count as changing
+        (torch.randn(n, 24, generator=g).to("tpu") @ tw).cpu()
+    # Sizes of this mode's own (the keys of the other mode's run are static already).
+    a = [torch.randn(n, 24, generator=g) for n in ((40, 13) if eager == "strict" else (44, 17))]
+    b = [w, torch.randn(24, 30, generator=g)]
+    ta, tb = [x.to("tpu") for x in a], [x.to("tpu") for x in b]
+    per_step, cuts = [], []
+    for _ in range(14):
+        outs = [(x @ y).relu() for x, y in zip(ta, tb)]
+        for o, x, y in zip(outs, a, b):
+            torch.testing.assert_close(o.cpu(), (x @ y).relu(), **F32_TOL)
+        per_step.append(bucketed())
+        cuts.append(torchtpu.metrics()["fused_cuts"].get("bucketed", 0))
+    assert per_step[1] > per_step[0], per_step  # bucketed at first
+    assert per_step[-1] == per_step[-6], per_step
+    assert cuts[-1] == cuts[-6], cuts
+
+
+@pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
 def test_backward_along_a_growing_dim(eager, buckets):
     """Attention-like training at a new sequence length every step: mm, softmax
     and their backward ops (contractions over the padded dim) match the CPU."""
