@@ -72,9 +72,10 @@ def _register() -> None:
     _decomp.install()
     _shutdown.install()
     _logging.install()
-    from . import distributed
+    from . import _compile, distributed
 
     distributed.register()
+    _compile.install_backend()
 
 
 _register()

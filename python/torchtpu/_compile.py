@@ -428,3 +428,21 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwarg
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)
+
+
+def install_backend() -> None:
+    """Names the backend to Dynamo when no installed distribution does: a source tree
+    on PYTHONPATH has no entry point, and ``backend="tpu"`` would be unknown."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        eps = distribution("torchtpu").entry_points
+        if any(ep.group == "torch_dynamo_backends" and ep.name == "tpu" for ep in eps):
+            return
+    except PackageNotFoundError:
+        pass
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    for name in ("tpu", "torchtpu"):
+        if name not in _BACKENDS:
+            register_backend(tpu_backend, name=name)

@@ -428,3 +428,30 @@ def test_complex_rope_and_fft_compiled():
     ref_out.backward()
     assert_tpu_close(out, ref_out.detach(), rtol=1e-5, atol=1e-4)
     assert_tpu_close(dx.grad, cx.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_backend_named_without_installed_entry_point():
+    # A source tree on PYTHONPATH (bench/device.sh) has no distribution and so no
+    # entry point: importing torchtpu still names the backend to Dynamo.
+    check_py(
+        """
+        import importlib.metadata as md
+
+        real = md.distribution
+
+        def distribution(name):
+            if name == "torchtpu":
+                raise md.PackageNotFoundError(name)
+            return real(name)
+
+        md.distribution = distribution
+        md.entry_points = lambda **kw: md.EntryPoints([])
+        import torch, torchtpu
+
+        fn = torch.compile(lambda x: (x * 2).sin(), backend="tpu")
+        x = torch.randn(5)
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), (x * 2).sin())
+        fn2 = torch.compile(lambda x: x + 1, backend="torchtpu")
+        torch.testing.assert_close(fn2(x.to("tpu")).cpu(), x + 1)
+        """
+    )
