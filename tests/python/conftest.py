@@ -18,10 +18,15 @@ from pathlib import Path
 # Environment variables that change the backend's behaviour (one list, kept by
 # the conformance harness): the test process itself always runs with none of
 # them (subprocess tests set them explicitly). The harness imports no torch.
+# The platform under test is kept: bench/device.sh runs the suite with
+# TORCHTPU_PLATFORM=cuda, and subprocess tests run there too.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))
-from harness import BACKEND_ENV as _BACKEND_ENV
+from harness import BACKEND_ENV as _ALL_BACKEND_ENV
 from harness import OP_TEST_ENV as _OP_TEST_ENV
 
+_BACKEND_ENV = tuple(
+    n for n in _ALL_BACKEND_ENV if n not in ("TORCHTPU_PLATFORM", "TORCHTPU_PJRT_PLUGIN")
+)
 for _name in _BACKEND_ENV:
     os.environ.pop(_name, None)
 os.environ.update(_OP_TEST_ENV)

@@ -3,13 +3,16 @@ metrics and eager modes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
 import torchtpu
-from conftest import assert_tpu_close, check_py, tpu
+from conftest import PYTHON_DIR, assert_tpu_close, check_py, tpu
 
 ALL_DTYPES = [
     torch.float32,
@@ -637,3 +640,28 @@ def test_fills_of_whole_storages_upload_without_a_program(mode):
         if mode == "strict":  # as on the CPU (a recorded fill is not checked)
             with pytest.raises(RuntimeError, match="overflow"):
                 torch.zeros(2, dtype=torch.uint8, device="tpu").fill_(300)
+
+
+def test_suite_runs_on_the_platform_asked_for():
+    # bench/device.sh runs the suite with TORCHTPU_PLATFORM=cuda: the conftest keeps the
+    # platform (it clears every other backend switch), so the tests run on that device.
+    env = dict(os.environ, TORCHTPU_PLATFORM="nosuch")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PYTHON_DIR), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"{__file__}::test_torch_tpu_basics",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "unknown TORCHTPU_PLATFORM 'nosuch'" in proc.stdout, proc.stdout[-2000:]
