@@ -254,11 +254,14 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
         t0 = time.perf_counter()
         first = float(step().detach().float().cpu())
         # Shows how far a row got if its time limit ends it.
-        print(f"first step {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"first step {time.perf_counter() - t0:.1f} s{_compiles(torchtpu)}", flush=True)
         for _ in range(cfg["warmup"] - 1):
             step()
             _sync(device)
-            print(f"warm-up step done at {time.perf_counter() - t0:.1f} s", flush=True)
+            print(
+                f"warm-up step done at {time.perf_counter() - t0:.1f} s{_compiles(torchtpu)}",
+                flush=True,
+            )
         warm_s = time.perf_counter() - t0
         times = []
         for _ in range(cfg["steps"]):
@@ -266,7 +269,7 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
             loss = step()
             _sync(device)
             times.append(time.perf_counter() - t)
-            print(f"step {times[-1] * 1e3:.1f} ms", flush=True)
+            print(f"step {times[-1] * 1e3:.1f} ms{_compiles(torchtpu)}", flush=True)
         last = float(loss.detach().float().cpu())
     ms = statistics.median(times) * 1e3
     return {
@@ -278,6 +281,14 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
         "last_loss": last,
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
+
+
+def _compiles(torchtpu) -> str:
+    """The tpu's compile count and seconds so far, for the progress lines."""
+    if torchtpu is None:
+        return ""
+    m = torchtpu.metrics()
+    return f" ({m['compiles']} compiles, {m['compile_seconds']:.1f} s)"
 
 
 class _nullcontext:
