@@ -271,10 +271,25 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
             times.append(time.perf_counter() - t)
             print(f"step {times[-1] * 1e3:.1f} ms{_compiles(torchtpu)}", flush=True)
         last = float(loss.detach().float().cpu())
+        # Where a step goes: a few more steps with a sync between backward and the
+        # optimizer (kept out of ms_per_step, whose steps have no such bubble). Not in
+        # Fused, where that sync would cut the step into two graphs to compile.
+        split = []
+        for _ in range(0 if mode == "tpu-fused" else 3):
+            t = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            fwd(model, x, y).backward()
+            _sync(device)
+            t_mid = time.perf_counter()
+            opt.step()
+            _sync(device)
+            split.append((t_mid - t, time.perf_counter() - t_mid))
     ms = statistics.median(times) * 1e3
     return {
         "model": source,
         "ms_per_step": ms,
+        "fwd_bwd_ms": statistics.median(a for a, _ in split) * 1e3 if split else "",
+        "optimizer_ms": statistics.median(b for _, b in split) * 1e3 if split else "",
         "tokens_per_s": cfg["batch"] * cfg["seq"] / (ms / 1e3),
         "warmup_s": warm_s,
         "first_loss": first,
@@ -433,19 +448,20 @@ def render(results: dict) -> str:
     )
     lines += [
         "",
-        "| mode | ms/step | tokens/s | warm-up s | loss first→last |",
-        "|---|---|---|---|---|",
+        "| mode | ms/step | tokens/s | fwd+bwd ms | optimizer ms | warm-up s | loss first→last |",
+        "|---|---|---|---|---|---|---|",
     ]
     for mode in GPT2_MODES:
         r = g.get(mode, {"skipped": "not run"})
         if "ms_per_step" in r:
             lines.append(
                 f"| {mode} | {r['ms_per_step']:.1f} | {r['tokens_per_s']:.0f} | "
+                f"{_fmt(r['fwd_bwd_ms'], '.1f')} | {_fmt(r['optimizer_ms'], '.1f')} | "
                 f"{r['warmup_s']:.1f} | {r['first_loss']:.4f}→{r['last_loss']:.4f} |"
             )
         else:
             why = r.get("skipped") or r.get("error")
-            lines.append(f"| {mode} | {why} | | | |")
+            lines.append(f"| {mode} | {why} | | | | | |")
     lines += ["", "## bf16 matmul", ""]
     m = results.get("matmul", {"skipped": "not run"})
     if "n" in m:
