@@ -3,16 +3,13 @@ metrics and eager modes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
 import torchtpu
-from conftest import PYTHON_DIR, assert_tpu_close, check_py, tpu
+from conftest import assert_tpu_close, check_py, run_py, tpu
 
 ALL_DTYPES = [
     torch.float32,
@@ -645,23 +642,13 @@ def test_fills_of_whole_storages_upload_without_a_program(mode):
 def test_suite_runs_on_the_platform_asked_for():
     # bench/device.sh runs the suite with TORCHTPU_PLATFORM=cuda: the conftest keeps the
     # platform (it clears every other backend switch), so the tests run on that device.
-    env = dict(os.environ, TORCHTPU_PLATFORM="nosuch")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PYTHON_DIR), env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            f"{__file__}::test_torch_tpu_basics",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
+    proc = run_py(
+        f"""
+        import sys, pytest
+        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", r"{__file__}::test_torch_tpu_basics"]))
+        """,
+        env={"TORCHTPU_PLATFORM": "nosuch"},
         timeout=300,
-        check=False,
     )
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert "unknown TORCHTPU_PLATFORM 'nosuch'" in proc.stdout, proc.stdout[-2000:]
