@@ -48,8 +48,17 @@ build: setup
 test-cpp: build
 	$(BUILD)/torchtpu_cpp_tests --gtest_brief=1
 
-test-py: build $(EXTRAS)
-	$(VPY) -m pytest -q tests/python
+# The Python tests run in TEST_JOBS worker processes (pytest-xdist), each test file whole
+# in one worker (its tests share module state and order); at most 4 by default, since
+# the distributed tests start up to 4 ranks of their own.
+TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n > 4 ? 4 : n )))
+TESTDEPS := $(VENV)/.torchtpu-testdeps
+$(TESTDEPS): Makefile $(STAMP)
+	$(VPY) -m pip install -q pytest-xdist==3.8.0
+	touch $(TESTDEPS)
+
+test-py: build $(EXTRAS) $(TESTDEPS)
+	$(VPY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests/python
 
 # The include layering (tools/check_layers.py): also part of `make lint`.
 layers:
