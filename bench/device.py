@@ -284,6 +284,7 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
             opt.step()
             _sync(device)
             split.append((t_mid - t, time.perf_counter() - t_mid))
+        kernels = _kernel_table(step, device, torch) if mode in PROFILED else None
     ms = statistics.median(times) * 1e3
     return {
         "model": source,
@@ -295,6 +296,41 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
         "first_loss": first,
         "last_loss": last,
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "kernels": kernels,
+    }
+
+
+PROFILED = ("cuda-inductor", "tpu-compile")
+
+
+def _kernel_table(step, device: str, torch, steps: int = 2, top: int = 25) -> dict:
+    """The GPU kernels of `steps` more steps by total time, from PyTorch's profiler:
+    CUPTI sees every kernel of the process, XLA's too. Without CUDA (the dry run) the
+    CPU ops stand in, so the code path runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = torch.cuda.is_available()
+    activity = ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU
+    try:
+        with profile(activities=[activity]) as prof:
+            for _ in range(steps):
+                step()
+                _sync(device)
+    except Exception as e:  # noqa: BLE001 - a profiler failure costs this table, not the row
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    totals: dict = {}
+    for ev in prof.events():
+        if on_gpu and ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = ev.time_range.elapsed_us()
+        name = ev.name[:90]
+        t, n = totals.get(name, (0.0, 0))
+        totals[name] = (t + us, n + 1)
+    rows = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    return {
+        "source": "CUDA kernels" if on_gpu else "CPU ops (no CUDA)",
+        "ms_per_step": sum(t for t, _ in totals.values()) / 1e3 / steps,
+        "top": [[name, t / 1e3 / steps, n // steps] for name, (t, n) in rows[:top]],
     }
 
 
@@ -462,6 +498,21 @@ def render(results: dict) -> str:
         else:
             why = r.get("skipped") or r.get("error")
             lines.append(f"| {mode} | {why} | | | | | |")
+    for mode in PROFILED:
+        k = g.get(mode, {}).get("kernels")
+        if not k:
+            continue
+        lines += ["", f"### {mode}: where a step's time goes ({k.get('source', '')})", ""]
+        if "error" in k:
+            lines.append(f"profiler failed: {k['error']}")
+            continue
+        lines += [
+            f"{k['ms_per_step']:.1f} ms per step in all",
+            "",
+            "| kernel | ms/step | calls/step |",
+            "|---|---:|---:|",
+        ]
+        lines += [f"| `{name}` | {ms:.2f} | {n} |" for name, ms, n in k["top"]]
     lines += ["", "## bf16 matmul", ""]
     m = results.get("matmul", {"skipped": "not run"})
     if "n" in m:
