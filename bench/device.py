@@ -304,9 +304,10 @@ PROFILED = ("cuda-inductor", "tpu-compile")
 
 
 def _kernel_table(step, device: str, torch, steps: int = 2, top: int = 25) -> dict:
-    """The GPU kernels of `steps` more steps by total time, from PyTorch's profiler:
-    CUPTI sees every kernel of the process, XLA's too. Without CUDA (the dry run) the
-    CPU ops stand in, so the code path runs."""
+    """The GPU kernels of `steps` more steps by total time, from PyTorch's profiler,
+    whose CUPTI tracing records the kernels of the whole process, so XLA's too (not yet
+    seen on a GPU). Without CUDA (the dry run) the CPU ops stand in, so the code path
+    runs."""
     from torch.profiler import ProfilerActivity, profile
 
     on_gpu = torch.cuda.is_available()
