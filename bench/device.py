@@ -56,17 +56,19 @@ GPT2_MODES = ("cuda-eager", "cuda-inductor", "tpu-fused", "tpu-compile", "tpu-st
 # Parts (each runs in a child process: `device.py --part NAME ...`, prints JSON last).
 
 
-def _import_tpu():
+def _import_for(device: str):
+    """torch, and torchtpu (None for "cuda"). The CUDA rows run in processes that never
+    import torchtpu: once a PrivateUse1 backend is registered, torch's autograd engine
+    takes it for the accelerator and a CUDA backward fails its stream assert
+    (engine.cpp, "opt_ready_stream && opt_parent_stream"; seen with torch 2.11 on the
+    H200)."""
     import torch
+
+    if device == "cuda":
+        return torch, None
     import torchtpu
 
     return torch, torchtpu
-
-
-# The CUDA rows run in processes that never import torchtpu: once a PrivateUse1
-# backend is registered, torch's autograd engine takes it for the accelerator and a
-# CUDA backward fails its stream assert (engine.cpp, "opt_ready_stream &&
-# opt_parent_stream"; seen with torch 2.11 on the H200).
 
 
 def _sync(device: str) -> None:
@@ -79,7 +81,7 @@ def _sync(device: str) -> None:
 
 
 def part_env(tiny: bool) -> dict:
-    torch, torchtpu = _import_tpu()
+    torch, torchtpu = _import_for("tpu")
     info = {
         "torch": torch.__version__,
         "python": sys.version.split()[0],
@@ -106,14 +108,9 @@ def part_parity(tiny: bool, mode: str | None = None) -> dict:
     fused), or with mode "cuda" on CUDA eager, against PyTorch CPU; max relative
     difference per run."""
     on_cuda = mode == "cuda"
-    if on_cuda:
-        import torch
-
-        torchtpu = None
-        if not torch.cuda.is_available():
-            return {"skipped": "no CUDA"}
-    else:
-        torch, torchtpu = _import_tpu()
+    torch, torchtpu = _import_for("cuda" if on_cuda else "tpu")
+    if on_cuda and not torch.cuda.is_available():
+        return {"skipped": "no CUDA"}
     sys.path.insert(0, str(ROOT / "examples"))
     from models import GPT, MLP, copy_task_batch, train_losses
 
@@ -155,7 +152,7 @@ def part_parity(tiny: bool, mode: str | None = None) -> dict:
 
 def part_matmul(tiny: bool) -> dict:
     """bf16 square matmul throughput through the tpu device and through torch CUDA."""
-    torch, _torchtpu = _import_tpu()
+    torch, _torchtpu = _import_for("tpu")
     cfg = MATMUL_TINY if tiny else MATMUL_FULL
     n, iters = cfg["n"], cfg["iters"]
     out = {"n": n, "iters": iters}
@@ -221,14 +218,9 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
     """One GPT-2 training step (bf16 weights, AdamW), random init: ms per step."""
     cfg = GPT2_TINY if tiny else GPT2_FULL
     device = "cuda" if mode.startswith("cuda") else "tpu"
-    if device == "cuda":
-        import torch
-
-        torchtpu = None
-        if not torch.cuda.is_available():
-            return {"skipped": "no CUDA"}
-    else:
-        torch, torchtpu = _import_tpu()
+    torch, torchtpu = _import_for(device)
+    if device == "cuda" and not torch.cuda.is_available():
+        return {"skipped": "no CUDA"}
     model, loss_fn, source = _gpt2_model(cfg)
     model = model.to(torch.bfloat16).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -241,10 +233,14 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
     x = torch.randint(0, cfg["vocab_size"], (cfg["batch"], cfg["seq"]), generator=g).to(device)
     y = x.clone()
 
-    def step():
+    def fwd_bwd():
         opt.zero_grad(set_to_none=True)
         loss = fwd(model, x, y)
         loss.backward()
+        return loss
+
+    def step():
+        loss = fwd_bwd()
         opt.step()
         return loss
 
@@ -277,8 +273,7 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
         split = []
         for _ in range(0 if mode == "tpu-fused" else 3):
             t = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            fwd(model, x, y).backward()
+            fwd_bwd()
             _sync(device)
             t_mid = time.perf_counter()
             opt.step()
