@@ -37,7 +37,7 @@ DEPENDS = {
 
 # csrc/aten files by rank, top (0) to bottom: (rank name, file stems).
 ATEN_RANKS = (
-    ("registration", ("ops", "dynamic_ops", "meta_kernels", "device", "autocast")),
+    ("registration", ("ops", "dynamic_ops", "meta_kernels", "device", "autocast", "attention")),
     ("mode decided", ("dispatch",)),
     ("runners", (
         "strict", "fused", "fused_record", "fused_run", "fused_graph", "copy", "host_ops", "replay",

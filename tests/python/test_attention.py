@@ -1,0 +1,158 @@
+"""scaled_dot_product_attention as one fused op (torchtpu::attention and its backward)
+against PyTorch CPU's math path: values and gradients in every eager mode, the cases
+that keep the math path, and torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_tpu_close, check_against_cpu, run_py
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+FUSED = "ScaledDotProductFusedAttentionOverrideableBackward0"
+
+
+def _f(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype).requires_grad_(True)
+
+
+def _sdpa(d, q, k, v, mask=None, **kw):
+    """SDPA on device d; on tpu, also checks that the fused op ran."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    if d == "tpu":
+        assert out.grad_fn.name() == FUSED, out.grad_fn.name()
+    return out
+
+
+def _bool_mask(t, s):
+    m = torch.rand(t, s) > 0.4
+    m[1] = False  # a row with every key masked: zeros, as the math path's safe softmax
+    return m
+
+
+# name -> (fn(device, *leaves), make() -> CPU leaves). Head dims differ between cases:
+# the fused op serves a structure's first few sizes only (aten/attention.cpp).
+CASES = {
+    "plain": (_sdpa, lambda: [_f(2, 3, 5, 8), _f(2, 3, 7, 8), _f(2, 3, 7, 4)]),
+    "causal_square": (
+        lambda d, q, k, v: _sdpa(d, q, k, v, is_causal=True),
+        lambda: [_f(2, 2, 6, 12), _f(2, 2, 6, 12), _f(2, 2, 6, 12)],
+    ),
+    # top-left aligned, as PyTorch's math path
+    "causal_more_keys": (
+        lambda d, q, k, v: _sdpa(d, q, k, v, is_causal=True),
+        lambda: [_f(1, 2, 3, 20), _f(1, 2, 5, 20), _f(1, 2, 5, 20)],
+    ),
+    "scale": (
+        lambda d, q, k, v: _sdpa(d, q, k, v, scale=0.3),
+        lambda: [_f(2, 2, 4, 16), _f(2, 2, 4, 16), _f(2, 2, 4, 16)],
+    ),
+    "bool_mask_broadcast": (
+        lambda d, q, k, v, m: _sdpa(d, q, k, v, m),
+        lambda: [_f(2, 3, 4, 24), _f(2, 3, 6, 24), _f(2, 3, 6, 24), _bool_mask(4, 6)],
+    ),
+    "float_mask_per_batch": (
+        lambda d, q, k, v, m: _sdpa(d, q, k, v, m),
+        lambda: [_f(2, 2, 4, 28), _f(2, 2, 5, 28), _f(2, 2, 5, 28), torch.randn(2, 1, 4, 5)],
+    ),
+    # [B, T, H, E] projections viewed as [B, H, T, E], as attention layers do
+    "non_contiguous": (
+        lambda d, q, k, v: _sdpa(d, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
+        lambda: [_f(2, 5, 3, 32), _f(2, 6, 3, 32), _f(2, 6, 3, 32)],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_attention_matches_cpu(name, eager):
+    fn, make = CASES[name]
+    check_against_cpu(fn, make())
+
+
+def test_bfloat16_at_least_as_accurate_as_cpu(eager):
+    # Scores and probabilities stay in float32 (the CPU's math path rounds them to
+    # bfloat16): against a float32 reference, the tpu's error is at most the CPU's.
+    leaves = [_f(2, 2, 8, 36, dtype=torch.bfloat16) for _ in range(3)]
+    grad = torch.randn(2, 2, 8, 36, dtype=torch.bfloat16)
+
+    def run(d, dtype):
+        xs = [x.detach().to(d, dtype).requires_grad_() for x in leaves]
+        out = F.scaled_dot_product_attention(*xs, is_causal=True)
+        return [out, *torch.autograd.grad(out, xs, grad.to(d, dtype))]
+
+    ref = run("cpu", torch.float32)
+    cpu, tpu = run("cpu", torch.bfloat16), run("tpu", torch.bfloat16)
+    assert tpu[0].dtype == torch.bfloat16
+    for r, c, t in zip(ref, cpu, tpu):
+        err_cpu = (c.float() - r).abs().max().item()
+        err_tpu = (t.cpu().float() - r).abs().max().item()
+        assert err_tpu <= err_cpu * 1.05 + 1e-3, (err_tpu, err_cpu)
+
+
+def _math_path(q, k, v, **kw):
+    qt, kt, vt = (x.to("tpu").requires_grad_() for x in (q, k, v))
+    out = F.scaled_dot_product_attention(qt, kt, vt, **kw)
+    assert out.grad_fn.name() != FUSED
+    assert_tpu_close(out, F.scaled_dot_product_attention(q, k, v, **kw))
+
+
+def test_math_path_where_the_fused_op_does_not_fit():
+    r = torch.randn
+    # one query row (a decoding step: bucketed ops serve its growing key length)
+    _math_path(r(1, 2, 1, 40), r(1, 2, 9, 40), r(1, 2, 9, 40))
+    # grouped-query attention
+    _math_path(r(1, 4, 3, 40), r(1, 2, 3, 40), r(1, 2, 3, 40), enable_gqa=True)
+    # dropout keeps the math path's random stream
+    q = r(1, 2, 3, 40)
+    qt = q.to("tpu").requires_grad_()
+    out = F.scaled_dot_product_attention(qt, qt, qt, dropout_p=0.5)
+    assert out.grad_fn.name() != FUSED
+    # a 3-d input and float64
+    _math_path(r(2, 3, 40), r(2, 3, 40), r(2, 3, 40))
+    _math_path(*(r(1, 2, 3, 40, dtype=torch.float64) for _ in range(3)))
+    # the user's choice of kernel
+    with sdpa_kernel([SDPBackend.MATH]):
+        _math_path(r(1, 2, 3, 44), r(1, 2, 3, 44), r(1, 2, 3, 44))
+
+
+def test_sizes_that_keep_changing_take_the_math_path():
+    # The first four sizes of a structure take the fused op, later new ones the
+    # math path (its ops run bucketed); a size seen before stays fused.
+    def run(t):
+        q = torch.randn(1, 2, t, 48, device="tpu")
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True).requires_grad_()
+
+    def fused(t):
+        q = torch.randn(1, 2, t, 48, device="tpu", requires_grad=True)
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True).grad_fn.name() == FUSED
+
+    assert [fused(t) for t in (2, 3, 4, 5, 6, 7, 3)] == [True] * 4 + [False, False, True]
+
+
+def test_switch_off_by_environment():
+    r = run_py(
+        """
+        import torch, torchtpu, torch.nn.functional as F
+        q = torch.randn(1, 2, 3, 8, device="tpu", requires_grad=True)
+        print(F.scaled_dot_product_attention(q, q, q).grad_fn.name())
+        """,
+        env={"TORCHTPU_FUSED_ATTENTION": "0"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert FUSED not in r.stdout and "Backward" in r.stdout
+
+
+def test_compiled_attention(fresh_dynamo):
+    # torch.compile traces SDPA through the same choice (on fake tensors).
+    def f(x, w):
+        h = (x @ w).view(2, 6, 4, 13).transpose(1, 2)
+        return F.scaled_dot_product_attention(h, h, h, is_causal=True).sum(1)
+
+    x, w = torch.randn(2, 6, 52), (torch.randn(52, 52) / 8).requires_grad_()
+    wt = w.detach().to("tpu").requires_grad_()
+    got, ref = torch.compile(f, backend="tpu")(x.to("tpu"), wt), f(x, w)
+    assert_tpu_close(got, ref)
+    got.sum().backward()
+    ref.sum().backward()
+    assert_tpu_close(wt.grad, w.grad)
