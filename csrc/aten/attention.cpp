@@ -122,13 +122,6 @@ std::vector<int64_t> physical_sizes(c10::IntArrayRef sizes, at::IntArrayRef orde
   return out;
 }
 
-// The schema's Philox seed and offset: no dropout, so a 0-d zero, on the host
-// (PyTorch's meta kernel puts them on `meta`): nothing for Fused Eager to record.
-Tensor no_philox() {
-  static const Tensor zero = at::zeros({}, at::kLong);
-  return zero;
-}
-
 std::tuple<Tensor, Tensor, Tensor, Tensor, c10::SymInt, c10::SymInt, Tensor, Tensor, Tensor>
 fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& bias,
               double dropout_p, bool is_causal, bool return_debug_mask,
@@ -139,13 +132,16 @@ fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, const std::opti
               "them)");
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchtpu::attention", "")
-                       .typed<std::tuple<Tensor, Tensor>(
+                       .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(
                            const Tensor&, const Tensor&, const Tensor&,
                            const std::optional<Tensor>&, bool, double, at::IntArrayRef)>();
   const auto order = order_of(q);
-  auto [out, lse] = op.call(q, k, v, bias, is_causal, scale_of(q, scale), order);
-  return {in_logical_order(out, order), lse,         Tensor(),    Tensor(), c10::SymInt(q.size(2)),
-          c10::SymInt(k.size(2)),       no_philox(), no_philox(), Tensor()};
+  // seed and offset: the schema's Philox state, zeros without dropout. They come
+  // from the op's program: compiled graphs are replayed only when they return
+  // tensors their program made.
+  auto [out, lse, seed, offset] = op.call(q, k, v, bias, is_causal, scale_of(q, scale), order);
+  return {in_logical_order(out, order), lse,  Tensor(), Tensor(), c10::SymInt(q.size(2)),
+          c10::SymInt(k.size(2)),       seed, offset,   Tensor()};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward(
@@ -174,16 +170,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward(
 }
 
 // Output metadata for the executor (PyTorch has no meta kernels for our ops).
-std::tuple<Tensor, Tensor> attention_meta(const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const std::optional<Tensor>&, bool, double,
-                                          at::IntArrayRef order) {
+std::tuple<Tensor, Tensor, Tensor, Tensor> attention_meta(const Tensor& q, const Tensor& k,
+                                                          const Tensor& v,
+                                                          const std::optional<Tensor>&, bool,
+                                                          double, at::IntArrayRef order) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "torchtpu::attention: query, key and value must be 4-d, got ", q.sizes(), ", ",
               k.sizes(), " and ", v.sizes());
   auto out = q.sizes().vec();
   out.back() = v.size(-1);
   return {at::empty(physical_sizes(out, order), q.options()),
-          at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat))};
+          at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat)),
+          at::empty({}, q.options().dtype(at::kLong)), at::empty({}, q.options().dtype(at::kLong))};
 }
 std::tuple<Tensor, Tensor, Tensor> attention_backward_meta(const Tensor&, const Tensor& q,
                                                            const Tensor& k, const Tensor& v,
@@ -201,7 +199,7 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_meta(const Tensor&, const 
 TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
   m.def(
       "attention(Tensor query, Tensor key, Tensor value, Tensor? bias, bool is_causal, "
-      "float scale, int[] out_order) -> (Tensor, Tensor)");
+      "float scale, int[] out_order) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
       "Tensor? bias, Tensor out, Tensor logsumexp, bool is_causal, float scale, "

@@ -49,7 +49,8 @@ Value low(Builder& b, const Ex& p, DType t) { return b.convert(p.v, t); }
 }  // namespace
 
 TPU_LOWERING(attention) {
-  // (query, key, value, bias?, is_causal, scale, out_order) -> (out, logsumexp [B, H, T]);
+  // (query, key, value, bias?, is_causal, scale, out_order) -> (out, logsumexp [B, H, T],
+  // Philox seed and offset: zeros, no dropout);
   // results are laid out in the physical dim order given (aten/attention.cpp).
   reg("torchtpu::attention", [](Ctx& c) -> V {
     Builder& b = c.b;
@@ -64,7 +65,8 @@ TPU_LOWERING(attention) {
     Ex inv = where(l.cmp(Cmp::EQ, l.k(0)), l.k(0), 1.0 / l);
     Ex out(b, bdot(b, low(b, e * inv, t), 3, c.in(2), 2));
     Ex lse = m0 + l.un("log");
-    return {b.transpose(out.v, c.ints(6)), b.reshape(lse.v, c.out(1).shape)};
+    Value zero = b.constant_int(0, DType::I64);
+    return {b.transpose(out.v, c.ints(6)), b.reshape(lse.v, c.out(1).shape), zero, zero};
   });
   // (grad_out, query, key, value, bias?, out, logsumexp, is_causal, scale, q_order,
   //  k_order, v_order) -> (dq, dk, dv)
