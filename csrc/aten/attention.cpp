@@ -23,6 +23,8 @@
 #include <tuple>
 #include <vector>
 
+#include "aten/runtime.h"
+
 namespace torchtpu::aten {
 namespace {
 
@@ -101,6 +103,24 @@ double scale_of(const Tensor& q, std::optional<double> scale) {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
 }
 
+// On XLA:GPU the ops call cuDNN's flash attention (custom calls), where it
+// applies: half types, one head dim of at most 128 and a multiple of 8, no
+// bias, a causal mask only over as many keys as queries. The forward and the
+// backward decide alike, since the backward takes the forward's statistics.
+// Opt-in until it has run on a GPU: TORCHTPU_CUDNN_ATTENTION=1 emits the calls
+// on XLA:GPU, =2 on any platform (to see the program; only XLA:GPU runs it).
+bool cudnn(const Tensor& q, const Tensor& k, const Tensor& v, bool has_bias, bool is_causal) {
+  static const int mode = [] {
+    const char* e = std::getenv("TORCHTPU_CUDNN_ATTENTION");
+    return e ? std::atoi(e) : 0;
+  }();
+  if (mode <= 0 || (mode == 1 && client().platform_name() != "cuda")) return false;
+  const auto t = q.scalar_type();
+  const int64_t e = q.size(-1);
+  return (t == at::kBFloat16 || t == at::kHalf) && v.size(-1) == e && e % 8 == 0 && e <= 128 &&
+         !has_bias && (!is_causal || q.size(2) == k.size(2));
+}
+
 // PyTorch's meta kernels give the outputs their input's dim order (q's for the
 // output, q's, k's and v's for the gradients), and compiled graphs view them
 // accordingly: [B, T, H, E] projections seen as [B, H, T, E]. Our ops return
@@ -134,12 +154,14 @@ fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, const std::opti
                        .findSchemaOrThrow("torchtpu::attention", "")
                        .typed<std::tuple<Tensor, Tensor, Tensor, Tensor>(
                            const Tensor&, const Tensor&, const Tensor&,
-                           const std::optional<Tensor>&, bool, double, at::IntArrayRef)>();
+                           const std::optional<Tensor>&, bool, double, at::IntArrayRef, bool)>();
   const auto order = order_of(q);
   // seed and offset: the schema's Philox state, zeros without dropout. They come
   // from the op's program: compiled graphs are replayed only when they return
   // tensors their program made.
-  auto [out, lse, seed, offset] = op.call(q, k, v, bias, is_causal, scale_of(q, scale), order);
+  const bool has_bias = bias && bias->defined();
+  auto [out, lse, seed, offset] = op.call(q, k, v, bias, is_causal, scale_of(q, scale), order,
+                                          cudnn(q, k, v, has_bias, is_causal));
   return {in_logical_order(out, order), lse,  Tensor(), Tensor(), c10::SymInt(q.size(2)),
           c10::SymInt(k.size(2)),       seed, offset,   Tensor()};
 }
@@ -158,11 +180,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward(
                        .typed<std::tuple<Tensor, Tensor, Tensor>(
                            const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                            const std::optional<Tensor>&, const Tensor&, const Tensor&, bool, double,
-                           at::IntArrayRef, at::IntArrayRef, at::IntArrayRef)>();
+                           at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, bool)>();
   std::optional<Tensor> b = bias.defined() ? std::optional<Tensor>(bias) : std::nullopt;
   const auto qo = order_of(q), ko = order_of(k), vo = order_of(v);
-  auto [dq, dk, dv] =
-      op.call(grad, q, k, v, b, out, lse, is_causal, scale_of(q, scale), qo, ko, vo);
+  auto [dq, dk, dv] = op.call(grad, q, k, v, b, out, lse, is_causal, scale_of(q, scale), qo, ko, vo,
+                              cudnn(q, k, v, bias.defined(), is_causal));
   auto keep = [](bool want, const Tensor& t, const std::vector<int64_t>& o) {
     return want ? in_logical_order(t, o) : Tensor();
   };
@@ -173,7 +195,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> fused_backward(
 std::tuple<Tensor, Tensor, Tensor, Tensor> attention_meta(const Tensor& q, const Tensor& k,
                                                           const Tensor& v,
                                                           const std::optional<Tensor>&, bool,
-                                                          double, at::IntArrayRef order) {
+                                                          double, at::IntArrayRef order, bool) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "torchtpu::attention: query, key and value must be 4-d, got ", q.sizes(), ", ",
               k.sizes(), " and ", v.sizes());
@@ -183,12 +205,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> attention_meta(const Tensor& q, const
           at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat)),
           at::empty({}, q.options().dtype(at::kLong)), at::empty({}, q.options().dtype(at::kLong))};
 }
-std::tuple<Tensor, Tensor, Tensor> attention_backward_meta(const Tensor&, const Tensor& q,
-                                                           const Tensor& k, const Tensor& v,
-                                                           const std::optional<Tensor>&,
-                                                           const Tensor&, const Tensor&, bool,
-                                                           double, at::IntArrayRef qo,
-                                                           at::IntArrayRef ko, at::IntArrayRef vo) {
+std::tuple<Tensor, Tensor, Tensor> attention_backward_meta(
+    const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>&,
+    const Tensor&, const Tensor&, bool, double, at::IntArrayRef qo, at::IntArrayRef ko,
+    at::IntArrayRef vo, bool) {
   return {at::empty(physical_sizes(q.sizes(), qo), q.options()),
           at::empty(physical_sizes(k.sizes(), ko), k.options()),
           at::empty(physical_sizes(v.sizes(), vo), v.options())};
@@ -199,11 +219,11 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward_meta(const Tensor&, const 
 TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
   m.def(
       "attention(Tensor query, Tensor key, Tensor value, Tensor? bias, bool is_causal, "
-      "float scale, int[] out_order) -> (Tensor, Tensor, Tensor, Tensor)");
+      "float scale, int[] out_order, bool cudnn) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
       "Tensor? bias, Tensor out, Tensor logsumexp, bool is_causal, float scale, "
-      "int[] q_order, int[] k_order, int[] v_order) -> (Tensor, Tensor, Tensor)");
+      "int[] q_order, int[] k_order, int[] v_order, bool cudnn) -> (Tensor, Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(torchtpu, Meta, m) {
   m.impl("attention", TORCH_FN(attention_meta));

@@ -353,6 +353,47 @@ std::vector<Value> Builder::call(const std::string& callee, const std::vector<Va
   return emit_multi(s + ")", results);
 }
 
+namespace {
+std::string layout_attr(const std::vector<int64_t>& minor_to_major) {
+  std::string s = "dense<";
+  if (!minor_to_major.empty()) {
+    s += "[";
+    for (size_t i = 0; i < minor_to_major.size(); ++i)
+      s += (i ? ", " : "") + std::to_string(minor_to_major[i]);
+    s += "]";
+  }
+  return s + "> : tensor<" + std::to_string(minor_to_major.size()) + "xindex>";
+}
+std::vector<int64_t> row_major(int64_t rank) {
+  std::vector<int64_t> m;
+  for (int64_t d = rank - 1; d >= 0; --d) m.push_back(d);
+  return m;
+}
+}  // namespace
+
+std::vector<Value> Builder::custom_call(const std::string& target, const std::vector<Value>& args,
+                                        const std::vector<Type>& results, const std::string& config,
+                                        const std::vector<std::vector<int64_t>>& result_layouts) {
+  if (result_layouts.size() != results.size())
+    fail("custom_call", target + ": one layout per result");
+  std::string escaped;
+  for (char ch : config) {
+    if (ch == '"' || ch == '\\') escaped += '\\';
+    escaped += ch;
+  }
+  std::string attrs = "call_target_name = \"" + target + "\", api_version = 2 : i32, " +
+                      "backend_config = \"" + escaped + "\", operand_layouts = [";
+  for (size_t i = 0; i < args.size(); ++i)
+    attrs += (i ? ", " : "") + layout_attr(row_major(args[i].rank()));
+  attrs += "], result_layouts = [";
+  for (size_t i = 0; i < results.size(); ++i)
+    attrs += (i ? ", " : "") + layout_attr(result_layouts[i]);
+  attrs += "]";
+  std::string s = generic("custom_call", args, attrs, results);
+  if (results.size() == 1) return {emit(s, results[0])};
+  return emit_multi(s, results);
+}
+
 // ---------------------------------------------------------------- constants
 
 Value Builder::constant(double v, DType dtype) { return splat(v, Type{dtype, {}}); }

@@ -202,6 +202,13 @@ class Builder {
   // Returns (new_state, bits) with bits of `type` (ui32 or ui64 element type).
   std::pair<Value, Value> rng_bit_generator(Value state, const Type& type);
 
+  // --- a backend's own kernel: stablehlo.custom_call of `target` (XLA:GPU's
+  // cuDNN attention), `config` its backend_config; operands row-major, results
+  // in the minor-to-major `result_layouts` (one per result).
+  std::vector<Value> custom_call(const std::string& target, const std::vector<Value>& args,
+                                 const std::vector<Type>& results, const std::string& config,
+                                 const std::vector<std::vector<int64_t>>& result_layouts);
+
   // --- functions from another producer (a JAX export). `text` holds
   // `func.func private` definitions, the first named `callee`; added once per
   // callee. A module holding any is marked `torchtpu.external`, so the compile

@@ -168,6 +168,29 @@ TEST(HloText, MultiResultValuesAreIndexed) {
   EXPECT_NE(m.find("#1 : tensor<4xi64>"), std::string::npos) << m;
 }
 
+// A backend kernel's call: its config escaped as a string attribute, operands
+// row-major, results in the layouts given.
+TEST(HloText, CustomCallCarriesConfigAndLayouts) {
+  Builder b;
+  Value q = b.param(Type{DType::BF16, {2, 3, 4, 8}});
+  std::vector<Value> r = b.custom_call("__cudnn$fmhaSoftmax", {q}, {q.type, Type{DType::U8, {0}}},
+                                       R"({"a":"x\y"})", {{3, 1, 2, 0}, {0}});
+  ASSERT_EQ(r.size(), 2u);
+  b.ret({r[0]});
+  std::string m = b.module();
+  EXPECT_NE(m.find("call_target_name = \"__cudnn$fmhaSoftmax\", api_version = 2 : i32"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find(R"(backend_config = "{\"a\":\"x\\y\"}")"), std::string::npos) << m;
+  EXPECT_NE(m.find("operand_layouts = [dense<[3, 2, 1, 0]> : tensor<4xindex>]"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("result_layouts = [dense<[3, 1, 2, 0]> : tensor<4xindex>, dense<[0]> : "
+                   "tensor<1xindex>]"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("-> (tensor<2x3x4x8xbf16>, tensor<0xui8>)"), std::string::npos) << m;
+}
+
 // Element types StableHLO does not define an op on are DTypeErrors at build
 // time, not a module the compiler rejects.
 TEST(HloText, UndefinedElementTypesAreDTypeErrors) {

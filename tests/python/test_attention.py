@@ -164,3 +164,44 @@ def test_compiled_attention(fresh_dynamo):
     # Every output the fused op gives comes from its program (the Philox zeros
     # too), so both graphs can be replayed.
     assert not [e for e in torchtpu.compile_report() if e["event"] == "no_replay"]
+
+
+def test_cudnn_calls_reach_the_compiler():
+    # TORCHTPU_CUDNN_ATTENTION=2 emits XLA:GPU's cuDNN attention calls on any platform:
+    # XLA:CPU parses the program, then names the call it has no kernel for.
+    r = run_py(
+        """
+        import torch, torchtpu, torch.nn.functional as F
+        q = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16, device="tpu")
+        lse, order = torch.zeros(1, 2, 8, device="tpu"), [0, 1, 2, 3]
+        for f in (
+            lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+            lambda: torch.ops.torchtpu.attention_backward(
+                q, q, q, q, None, q, lse, True, 0.25, order, order, order, True
+            )[0],
+        ):
+            try:
+                f().cpu()
+            except RuntimeError as e:
+                print(str(e).splitlines()[0])
+        """,
+        env={"TORCHTPU_CUDNN_ATTENTION": "2"},
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2, r.stdout
+    assert "__cudnn$fmhaSoftmax " in lines[0] and "__cudnn$fmhaSoftmaxBackward " in lines[1], lines
+
+
+def test_cudnn_opt_in_applies_to_gpus_only():
+    r = run_py(
+        """
+        import torch, torchtpu, torch.nn.functional as F
+        q = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16)
+        out = F.scaled_dot_product_attention(q.to("tpu"), q.to("tpu"), q.to("tpu"))
+        ref = F.scaled_dot_product_attention(q.float(), q.float(), q.float())
+        print((out.cpu().float() - ref).abs().max().item() < 0.02)
+        """,
+        env={"TORCHTPU_CUDNN_ATTENTION": "1"},
+    )
+    assert r.returncode == 0 and r.stdout.split() == ["True"], r.stdout + r.stderr
