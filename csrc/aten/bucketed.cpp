@@ -103,7 +103,7 @@ std::vector<int64_t> placement(const at::Tensor& t) {
 // view that keeps moving in a capacity storage, noting this call.
 std::vector<uint64_t> dynamic_dims(const std::string& sig, const std::vector<Pos>& pos,
                                    bool* failed) {
-  const int64_t epoch = metrics().host_syncs.load();
+  const int64_t epoch = thread_host_syncs();
   std::lock_guard<std::mutex> lock(history_mu);
   History& h = histories()[sig];
   *failed = h.failed;
@@ -138,8 +138,8 @@ std::vector<uint64_t> dynamic_dims(const std::string& sig, const std::vector<Pos
   return dyn;
 }
 
-// An exact call key that ran bucketed: the host-sync epoch of its last call
-// and the run of consecutive epochs it came back in.
+// An exact call key that ran bucketed: the epoch (a read of the thread that
+// runs the loop) of its last call and the run of consecutive epochs it came back in.
 struct KeyEpochs {
   int64_t last = -1;
   int streak = 0;
@@ -151,12 +151,15 @@ struct KeyEpochs {
 // stay within one epoch (a token); run again, they come back only after many.
 constexpr int kStaticEpochs = 4;
 constexpr int64_t kStepEpochs = 4;
+constexpr size_t kMaxKeys = 4096;
 
 bool static_key(const std::string& key) {
-  const int64_t epoch = metrics().host_syncs.load();
-  std::lock_guard<std::mutex> lock(history_mu);
-  static auto& seen = *new std::unordered_map<std::string, KeyEpochs>();
-  if (seen.size() > 4096) seen.clear();
+  // Per thread: another thread's reads (a thread rank's) are not this loop's steps.
+  thread_local std::unordered_map<std::string, KeyEpochs> seen;
+  const int64_t epoch = thread_host_syncs();
+  if (seen.size() >= kMaxKeys)  // a key out of its streak counts as unseen
+    std::erase_if(seen, [&](const auto& kv) { return epoch - kv.second.last > kStepEpochs; });
+  if (seen.size() >= kMaxKeys) seen.clear();
   KeyEpochs& k = seen[key];
   if (k.last != epoch) {
     k.streak = k.last >= 0 && epoch - k.last <= kStepEpochs ? k.streak + 1 : 1;

@@ -80,7 +80,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     }
   } else {
     // Device -> host: a real sync point.
-    metrics().host_syncs++;
+    note_host_sync();
     const_cast<at::Tensor&>(dst).copy_(to_host(self, "to_cpu"));
   }
   return dst;

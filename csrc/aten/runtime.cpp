@@ -265,6 +265,15 @@ Metrics& metrics() {
   return m;
 }
 
+namespace {
+thread_local int64_t this_thread_syncs = 0;
+}
+void note_host_sync() {
+  metrics().host_syncs++;
+  this_thread_syncs++;
+}
+int64_t thread_host_syncs() { return this_thread_syncs; }
+
 void TraceScope::begin(const std::string& name, int64_t value) {
   if (value < 0) return rf_->before(name);
   const c10::IValue in(value);

@@ -139,6 +139,10 @@ struct Metrics {
   std::atomic<int64_t> bucketed_calls{0};
 };
 Metrics& metrics();
+// A device-to-host read (a sync point): counted in metrics and in the calling
+// thread's own count, whose reads mark the steps of its loop (bucketed.cpp).
+void note_host_sync();
+int64_t thread_host_syncs();
 // New programs per op: call signatures the program table had not seen (each lowered,
 // then compiled or loaded from the compile cache), so a shape that changes every step
 // names its op. Strict counts "add.Tensor"; Fused Eager "fused graph of N ops: a .. b".

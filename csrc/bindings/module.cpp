@@ -287,7 +287,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_device", [](int i) { set_current_device(i); });
   m.def("synchronize", [] {
     py::gil_scoped_release release;
-    metrics().host_syncs++;
+    note_host_sync();
     synchronize();
   });
   m.def("platform", [] {

@@ -10,6 +10,8 @@ exact sizes are what it tests.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torchtpu
@@ -129,19 +131,15 @@ def test_moving_views_of_a_bucketed_storage_compile_per_bucket(eager, buckets):
     assert per_step[-1] - per_step[-8] == 0, per_step
 
 
-@pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
-def test_sizes_back_every_step_get_exact_programs(eager, buckets):
-    """Once an op's dims have changed (a growing sequence, or another model's calls
-    of it), a call at a size it has not seen runs bucketed. Sizes that come back
-    every step are a loop's static shapes: after a few steps they run exact
-    programs (in Fused Eager inside the step's graph), not bucketed calls."""
+def settles(sizes, between=lambda: None):
+    """Matmuls at sizes back every step, after the op's dims have changed: the
+    bucketed calls stop after a few steps."""
     g = torch.Generator().manual_seed(7)
     w = torch.randn(24, 7, generator=g)
     tw = w.to("tpu")
     for n in range(5, 12):  # a changing size: the op's dims count as changing
         (torch.randn(n, 24, generator=g).to("tpu") @ tw).cpu()
-    # Sizes of this mode's own (the keys of the other mode's run are static already).
-    a = [torch.randn(n, 24, generator=g) for n in ((40, 13) if eager == "strict" else (44, 17))]
+    a = [torch.randn(n, 24, generator=g) for n in sizes]
     b = [w, torch.randn(24, 30, generator=g)]
     ta, tb = [x.to("tpu") for x in a], [x.to("tpu") for x in b]
     per_step, cuts = [], []
@@ -151,9 +149,35 @@ def test_sizes_back_every_step_get_exact_programs(eager, buckets):
             torch.testing.assert_close(o.cpu(), (x @ y).relu(), **F32_TOL)
         per_step.append(bucketed())
         cuts.append(torchtpu.metrics()["fused_cuts"].get("bucketed", 0))
+        between()
     assert per_step[1] > per_step[0], per_step  # bucketed at first
     assert per_step[-1] == per_step[-6], per_step
     assert cuts[-1] == cuts[-6], cuts
+
+
+# Sizes of each test and mode of its own (the keys of an earlier run are static already).
+@pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
+def test_sizes_back_every_step_get_exact_programs(eager, buckets):
+    """Once an op's dims have changed (a growing sequence, or another model's calls
+    of it), a call at a size it has not seen runs bucketed. Sizes that come back
+    every step are a loop's static shapes: after a few steps they run exact
+    programs (in Fused Eager inside the step's graph), not bucketed calls."""
+    settles((40, 13) if eager == "strict" else (44, 17))
+
+
+@pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
+def test_another_threads_reads_are_not_this_threads_steps(eager, buckets):
+    """A step is counted in the reads of the thread that runs it: another thread's
+    reads (a thread rank, a logging thread) between this thread's steps do not
+    keep its static sizes bucketed."""
+    x = torch.ones(3).to("tpu")
+
+    def reads():
+        t = threading.Thread(target=lambda: [x.cpu() for _ in range(6)])
+        t.start()
+        t.join()
+
+    settles((36, 11) if eager == "strict" else (52, 19), between=reads)
 
 
 @pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
