@@ -109,10 +109,7 @@ double scale_of(const Tensor& q, std::optional<double> scale) {
 // Opt-in until it has run on a GPU: TORCHTPU_CUDNN_ATTENTION=1 emits the calls
 // on XLA:GPU, =2 on any platform (to see the program; only XLA:GPU runs it).
 bool cudnn(const Tensor& q, const Tensor& k, const Tensor& v, bool has_bias, bool is_causal) {
-  static const int mode = [] {
-    const char* e = std::getenv("TORCHTPU_CUDNN_ATTENTION");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int mode = env_int("TORCHTPU_CUDNN_ATTENTION", 0);
   if (mode <= 0 || (mode == 1 && client().platform_name() != "cuda")) return false;
   const auto t = q.scalar_type();
   const int64_t e = q.size(-1);
