@@ -62,14 +62,27 @@ ClientState& state() {
   return *s;
 }
 
+bool small_llvm_flags_set = false;  // Written once, before the plugin loads.
+
 // PyTorch's maximum/minimum/clamp return NaN when either operand is NaN; XLA:CPU's
 // default "fast" min/max drops a NaN in one operand. Read when the plugin
 // compiles, so it is set before the plugin loads (a user's own setting wins).
 void xla_flag_defaults() {  // XLA:CPU only
   const char* v = std::getenv("XLA_FLAGS");
   std::string flags = v ? v : "";
-  if (flags.find("xla_cpu_enable_fast_min_max") != std::string::npos) return;
-  flags += (flags.empty() ? "" : " ") + std::string("--xla_cpu_enable_fast_min_max=false");
+  auto add = [&flags](const char* flag) {
+    flags += (flags.empty() ? "" : " ") + std::string(flag);
+  };
+  if (flags.find("xla_cpu_enable_fast_min_max") == std::string::npos)
+    add("--xla_cpu_enable_fast_min_max=false");
+  // LLVM without loop unrolling or vectorization, for small programs' builds
+  // (launch.cpp): a program's options can clear this map but not set it.
+  const char* quick = std::getenv("TORCHTPU_SMALL_QUICK");
+  if (flags.find("xla_backend_extra_options") == std::string::npos &&
+      !(quick && std::string(quick) == "0")) {
+    add("--xla_backend_extra_options=xla_cpu_disable_loop_unrolling,xla_cpu_optimize_for_size");
+    small_llvm_flags_set = true;
+  }
   ::setenv("XLA_FLAGS", flags.c_str(), 1);
 }
 
@@ -177,6 +190,11 @@ std::vector<std::string> cuda_library_report() {
 }
 
 bool runtime_started() noexcept { return state().started; }
+
+bool small_llvm_flags() {
+  client();
+  return small_llvm_flags_set;
+}
 
 void drain_autograd_device_thread() {
   if (!runtime_started()) return;

@@ -45,6 +45,9 @@ std::vector<std::string> cuda_library_report();
 pjrt::Client& client();
 pjrt::ClientPtr client_ptr();
 bool runtime_started() noexcept;  // whether client() has succeeded; starts nothing
+// Whether XLA_FLAGS got the small programs' LLVM options (runtime.cpp): every
+// other XLA:CPU build then clears them (launch.cpp).
+bool small_llvm_flags();
 // Runs an empty backward on each tpu autograd device thread and waits for it, so the
 // threads have released every earlier task (call without the GIL; see _shutdown.py).
 void drain_autograd_device_thread();

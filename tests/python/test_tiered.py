@@ -145,6 +145,34 @@ def test_small_programs_get_the_cheaper_build(tmp_path, mode):
     assert again["small_bits"] == m["small_bits"], (again, m)
 
 
+def dumped_builds(tmp_path, xla_flags=""):
+    """Runs SMALL in Strict with XLA's dumps on; for each compiled program, whether
+    it got the small build (level 1) and the LLVM options XLA used for it."""
+    dump = tmp_path / "dump"
+    run_small(tmp_path / "cache", "strict", {"XLA_FLAGS": f"{xla_flags} --xla_dump_to={dump}"})
+    builds = []
+    for f in sorted(dump.glob("*.debug_options")):
+        text = f.read_text()
+        llvm = {line.split('"')[1] for line in text.splitlines() if line.strip().startswith("key:")}
+        builds.append(("xla_backend_optimization_level: 1" in text, llvm))
+    return builds
+
+
+def test_small_builds_skip_llvm_loop_unrolling_and_vectorizing(tmp_path):
+    builds = dumped_builds(tmp_path)
+    ours = {"xla_cpu_disable_loop_unrolling", "xla_cpu_optimize_for_size"}
+    small = [llvm for is_small, llvm in builds if is_small]
+    other = [llvm for is_small, llvm in builds if not is_small]
+    assert small and other, builds
+    assert all(llvm == ours for llvm in small), builds
+    assert all(not llvm for llvm in other), builds
+    # A user's own LLVM options reach every build, ours none.
+    mine = dumped_builds(
+        tmp_path / "mine", "--xla_backend_extra_options=xla_cpu_disable_slp_vectorizer"
+    )
+    assert mine and all(llvm == {"xla_cpu_disable_slp_vectorizer"} for _, llvm in mine), mine
+
+
 # amax's backward compares its input with the max, so a program that computes the
 # input twice must round both copies alike. The elemental emitter at level 0 did not
 # (56 of these 160 gradients wrong); the small build must.
