@@ -140,10 +140,7 @@ pjrt::CompileOptions xla_build(const pjrt::CompileOptions& o) {
 cache::CompileCache& program_cache() { return cache::process_cache(client_ptr()); }
 
 bool cpu_builds_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("TORCHTPU_SMALL_QUICK");
-    return !(v && std::string(v) == "0") && client().platform_name() == "cpu";
-  }();
+  static const bool on = !small_builds_off() && client().platform_name() == "cpu";
   return on;
 }
 

@@ -77,9 +77,7 @@ void xla_flag_defaults() {  // XLA:CPU only
     add("--xla_cpu_enable_fast_min_max=false");
   // LLVM without loop unrolling or vectorization, for small programs' builds
   // (launch.cpp): a program's options can clear this map but not set it.
-  const char* quick = std::getenv("TORCHTPU_SMALL_QUICK");
-  if (flags.find("xla_backend_extra_options") == std::string::npos &&
-      !(quick && std::string(quick) == "0")) {
+  if (flags.find("xla_backend_extra_options") == std::string::npos && !small_builds_off()) {
     add("--xla_backend_extra_options=xla_cpu_disable_loop_unrolling,xla_cpu_optimize_for_size");
     small_llvm_flags_set = true;
   }
@@ -190,6 +188,14 @@ std::vector<std::string> cuda_library_report() {
 }
 
 bool runtime_started() noexcept { return state().started; }
+
+bool small_builds_off() {
+  static const bool off = [] {
+    const char* v = std::getenv("TORCHTPU_SMALL_QUICK");
+    return v && std::string(v) == "0";
+  }();
+  return off;
+}
 
 bool small_llvm_flags() {
   client();

@@ -45,6 +45,9 @@ std::vector<std::string> cuda_library_report();
 pjrt::Client& client();
 pjrt::ClientPtr client_ptr();
 bool runtime_started() noexcept;  // whether client() has succeeded; starts nothing
+// TORCHTPU_SMALL_QUICK=0: every XLA:CPU program compiles with XLA's defaults
+// (no small or plain-loop builds, launch.cpp).
+bool small_builds_off();
 // Whether XLA_FLAGS got the small programs' LLVM options (runtime.cpp): every
 // other XLA:CPU build then clears them (launch.cpp).
 bool small_llvm_flags();
