@@ -13,6 +13,7 @@
 #include <limits>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "aten/host_ops.h"
 #include "aten/strict.h"
@@ -166,6 +167,28 @@ bool static_key(const std::string& key) {
     k.last = epoch;
   }
   return k.streak >= kStaticEpochs;
+}
+
+// Exact call keys that ran at their own sizes (their dims were not changing yet,
+// or they came back every step). The program table drops its programs when
+// full; a key back after that runs exact again, where judging it afresh would
+// bucket a loop's static shapes for steps and count a change of every op
+// reading their outputs.
+std::mutex exact_mu;
+std::unordered_set<std::string>& exact_keys() {
+  static auto& s = *new std::unordered_set<std::string>();
+  return s;
+}
+
+bool ran_exact(const std::string& key) {
+  std::lock_guard<std::mutex> lock(exact_mu);
+  return exact_keys().contains(key);
+}
+
+void note_exact(const std::string& key) {
+  std::lock_guard<std::mutex> lock(exact_mu);
+  if (exact_keys().size() >= kMaxKeys) exact_keys().clear();
+  exact_keys().insert(key);
 }
 
 void mark_failed(const std::string& sig) {
@@ -544,8 +567,13 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
 bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                   const CallKey& call, c10::function_ref<bool()> before) {
   torch::jit::Stack& s = *stack;
+  if (!enabled() || ran_exact(call.key)) return false;
   std::optional<Plan> plan = plan_call(op, info, s, call);
-  if (!plan || static_key(call.key) || (before && !before())) return false;
+  if (!plan || static_key(call.key)) {
+    note_exact(call.key);
+    return false;
+  }
+  if (before && !before()) return false;
   const size_t first = call.first, n = call.n;
   const OpKind kind = plan->kind;
   const std::vector<bool>& is_out = plan->is_out;

@@ -180,6 +180,41 @@ def test_another_threads_reads_are_not_this_threads_steps(eager, buckets):
     settles((36, 11) if eager == "strict" else (52, 19), between=reads)
 
 
+_TABLE_DROPS = """
+import torch, torchtpu
+g = torch.Generator().manual_seed(7)
+w = torch.randn(24, 7, generator=g)
+tw = w.to("tpu")
+for n in range(5, 12):  # the op's dims count as changing
+    (torch.randn(n, 24, generator=g).to("tpu") @ tw).cpu()
+a = [torch.randn(n, 24, generator=g) for n in (40, 13)]
+b = [w, torch.randn(24, 30, generator=g)]
+ta, tb = [x.to("tpu") for x in a], [x.to("tpu") for x in b]
+per_step = []
+for step in range(16):
+    outs = [(x @ y).relu() for x, y in zip(ta, tb)]
+    for o, x, y in zip(outs, a, b):
+        torch.testing.assert_close(o.cpu(), (x @ y).relu(), rtol=1e-4, atol=1e-4)
+    per_step.append(torchtpu.metrics()["bucketed_calls"])
+    if step == 7:  # another model's programs fill the 64-entry program table
+        for k in range(80):
+            torch.ones(k + 2, device="tpu").exp()
+print("PER_STEP", per_step)
+"""
+
+
+def test_static_sizes_stay_exact_after_the_program_table_drops_them():
+    """Strict's program table drops its programs when full; the static sizes of a
+    loop that settled come back at their exact programs, not bucketed for steps."""
+    env = {"TORCHTPU_EAGER_BUCKETS": "1", "TORCHTPU_CACHE_MEMORY_ENTRIES": "64"}
+    r = run_py(_TABLE_DROPS, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    per_step = eval(r.stdout.split("PER_STEP")[1].split("\n")[0])
+    assert per_step[1] > per_step[0], per_step  # bucketed at first
+    assert per_step[7] == per_step[6], per_step  # settled before the table filled
+    assert per_step[-1] == per_step[7], per_step
+
+
 @pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
 def test_backward_along_a_growing_dim(eager, buckets):
     """Attention-like training at a new sequence length every step: mm, softmax
