@@ -28,9 +28,17 @@ namespace torchtpu::aten {
 
 namespace {
 
+// Two generations of about half the limit each: a hit in the old one moves
+// to the young one, and a full young one replaces the old (whose programs are
+// released). A program used since the last turn survives it, so a loop's
+// programs stay while others come and go.
+struct ProgramTable {
+  using Map = std::unordered_map<std::string, std::shared_ptr<const Launchable>>;
+  Map young, old;
+};
 std::mutex table_mu;
-std::unordered_map<std::string, std::shared_ptr<const Launchable>>& table() {
-  static auto* t = new std::unordered_map<std::string, std::shared_ptr<const Launchable>>();
+ProgramTable& table() {
+  static auto* t = new ProgramTable();
   return *t;
 }
 
@@ -294,16 +302,32 @@ size_t program_table_limit() {
   return n;
 }
 
+namespace {
+void add_young(ProgramTable& t, std::string key, std::shared_ptr<const Launchable> entry) {
+  if (t.young.size() >= std::max<size_t>(1, program_table_limit() / 2)) {
+    t.old = std::move(t.young);
+    t.young.clear();
+  }
+  t.young.insert_or_assign(std::move(key), std::move(entry));
+}
+}  // namespace
+
 std::shared_ptr<const Launchable> find_program(const std::string& key) {
   std::lock_guard<std::mutex> lock(table_mu);
-  auto it = table().find(key);
-  return it == table().end() ? nullptr : it->second;
+  ProgramTable& t = table();
+  if (auto it = t.young.find(key); it != t.young.end()) return it->second;
+  auto it = t.old.find(key);
+  if (it == t.old.end()) return nullptr;
+  auto node = t.old.extract(it);
+  std::shared_ptr<const Launchable> entry = node.mapped();
+  add_young(t, std::move(node.key()), std::move(node.mapped()));
+  return entry;
 }
 
 void add_program(std::string key, std::shared_ptr<const Launchable> entry) {
   std::lock_guard<std::mutex> lock(table_mu);
-  if (table().size() >= program_table_limit()) table().clear();
-  table().insert_or_assign(std::move(key), std::move(entry));
+  table().old.erase(key);
+  add_young(table(), std::move(key), std::move(entry));
 }
 
 void count_program(const std::string& what) {

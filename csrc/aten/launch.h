@@ -79,8 +79,9 @@ void set_replicated_runner(ReplicatedRunner runner);
 pjrt::CompileOptions replica_options(const std::vector<int64_t>& devices);
 
 // The process's program table, keyed by structural keys (each runner's keys
-// start with its own letter). One bound for all: at TORCHTPU_CACHE_MEMORY_ENTRIES
-// entries the table is emptied, so unused executables are released.
+// start with its own letter). One bound for all, TORCHTPU_CACHE_MEMORY_ENTRIES
+// entries: programs unused for the longest are released first (two
+// generations, launch.cpp), so a loop's programs stay loaded.
 std::shared_ptr<const Launchable> find_program(const std::string& key);
 void add_program(std::string key, std::shared_ptr<const Launchable> entry);
 size_t program_table_limit();

@@ -201,6 +201,33 @@ def test_programs_of_many_shapes_are_released(tmp_path):
     assert result["growth"] < 40, result  # unbounded: about 9 mappings per shape
 
 
+LOOP_AMONG_SHAPES = """
+import json, torch, torchtpu
+w = torch.randn(16, 16)
+x = torch.randn(4, 16)
+tw, tx = w.to("tpu"), x.to("tpu")
+for n in range(1, 61):  # a loop's fixed ops among ops at new shapes (an eval, a sequence)
+    torch.testing.assert_close((tx @ tw).relu().cpu(), (x @ w).relu())
+    torch.ones(n, device="tpu").exp()
+print(json.dumps(torchtpu.metrics()["programs_by_op"]))
+"""
+
+
+def test_a_loops_programs_stay_in_the_program_table(tmp_path):
+    # With 16 programs kept, the 60 programs of new shapes push out each other,
+    # not the loop's mm and relu, which are built once.
+    env = clean_env(
+        tmp_path,
+        TORCHTPU_CACHE_MEMORY_ENTRIES="16",
+        TORCHTPU_EAGER_BUCKETS="0",
+        TORCHTPU_HOST_CHURN="0",
+    )
+    proc = run_python(["-c", LOOP_AMONG_SHAPES], env, 300)
+    assert proc.returncode == 0, proc.stderr
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert built == {"exp.out": 60, "mm.out": 1, "relu": 1}, built
+
+
 def cli_ok(env: dict, *args: str) -> str:
     proc = run_python(["-m", "torchtpu.cache", *args], env, 180)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"

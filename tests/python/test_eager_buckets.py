@@ -197,9 +197,11 @@ for step in range(16):
         torch.testing.assert_close(o.cpu(), (x @ y).relu(), rtol=1e-4, atol=1e-4)
     per_step.append(torchtpu.metrics()["bucketed_calls"])
     if step == 7:  # another model's programs fill the 64-entry program table
-        for k in range(80):
+        relu = torchtpu.metrics()["programs_by_op"]["relu"]
+        for k in range(100):
             torch.ones(k + 2, device="tpu").exp()
 print("PER_STEP", per_step)
+print("RELU_AGAIN", torchtpu.metrics()["programs_by_op"]["relu"] - relu)
 """
 
 
@@ -213,6 +215,7 @@ def test_static_sizes_stay_exact_after_the_program_table_drops_them():
     assert per_step[1] > per_step[0], per_step  # bucketed at first
     assert per_step[7] == per_step[6], per_step  # settled before the table filled
     assert per_step[-1] == per_step[7], per_step
+    assert int(r.stdout.split("RELU_AGAIN")[1]) == 2  # the table had dropped them
 
 
 @pytest.mark.parametrize("eager", ["strict", "fused"], indirect=True)
