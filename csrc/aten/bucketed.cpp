@@ -169,7 +169,7 @@ bool static_key(const std::string& key) {
   return k.streak >= kStaticEpochs;
 }
 
-// Exact call keys that ran at their own sizes (their dims were not changing yet,
+// Exact call keys Strict built programs for (their dims were not changing yet,
 // or they came back every step). The program table drops its programs when
 // full; a key back after that runs exact again, where judging it afresh would
 // bucket a loop's static shapes for steps and count a change of every op
@@ -185,11 +185,16 @@ bool ran_exact(const std::string& key) {
   return exact_keys().contains(key);
 }
 
-void note_exact(const std::string& key) {
+}  // namespace
+
+void note_exact_program(const std::string& key) {
+  if (!enabled()) return;
   std::lock_guard<std::mutex> lock(exact_mu);
   if (exact_keys().size() >= kMaxKeys) exact_keys().clear();
   exact_keys().insert(key);
 }
+
+namespace {
 
 void mark_failed(const std::string& sig) {
   std::lock_guard<std::mutex> lock(history_mu);
@@ -569,11 +574,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   torch::jit::Stack& s = *stack;
   if (!enabled() || ran_exact(call.key)) return false;
   std::optional<Plan> plan = plan_call(op, info, s, call);
-  if (!plan || static_key(call.key)) {
-    note_exact(call.key);
-    return false;
-  }
-  if (before && !before()) return false;
+  if (!plan || static_key(call.key) || (before && !before())) return false;
   const size_t first = call.first, n = call.n;
   const OpKind kind = plan->kind;
   const std::vector<bool>& is_out = plan->is_out;

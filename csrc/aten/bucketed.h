@@ -31,4 +31,9 @@ namespace torchtpu::aten {
 bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack,
                   const CallKey& call, c10::function_ref<bool()> before = nullptr);
 
+// Strict built an exact program for `key`: once the program table has dropped
+// it, run_bucketed declines the key at once (it is rebuilt exact, not judged
+// afresh as a changing shape).
+void note_exact_program(const std::string& key);
+
 }  // namespace torchtpu::aten

@@ -160,6 +160,7 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     made->what = "aten::" + info.name;
     count_program(info.name);
     add_program(call.key, made);
+    note_exact_program(call.key);
     entry = std::move(made);
   }
   const int device = call.storages.empty() ? current_device() : call.storages[0]->device;
