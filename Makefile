@@ -50,7 +50,8 @@ test-cpp: build
 
 # The Python tests run in TEST_JOBS worker processes (pytest-xdist), each test file whole
 # in one worker (its tests share module state and order); at most 4 by default, since
-# the distributed tests start up to 4 ranks of their own.
+# the distributed tests start up to 4 ranks of their own. The 25 slowest tests are listed
+# at the end (make test stays under 30 minutes on the 2-core machine).
 TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n > 4 ? 4 : n )))
 TESTDEPS := $(VENV)/.torchtpu-testdeps
 $(TESTDEPS): Makefile $(STAMP)
@@ -58,7 +59,7 @@ $(TESTDEPS): Makefile $(STAMP)
 	touch $(TESTDEPS)
 
 test-py: build $(EXTRAS) $(TESTDEPS)
-	$(VPY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests/python
+	$(VPY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --durations=25 tests/python
 
 # The include layering (tools/check_layers.py): also part of `make lint`.
 layers:
