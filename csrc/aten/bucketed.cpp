@@ -481,9 +481,10 @@ struct Plan {
   bool padded = false;  // some dim is bucketed (else only kGeo positions)
 };
 
+// (run_bucketed, its one caller, has checked that bucketing is on.)
 std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
                               const torch::jit::Stack& s, const CallKey& call) {
-  if (!enabled() || info.foreach || info.list_write_arg >= 0 || !info.rule) return std::nullopt;
+  if (info.foreach || info.list_write_arg >= 0 || !info.rule) return std::nullopt;
   // An op that is not a bucketed kind may still read moving views (kGeo):
   // nothing is padded, so any rule sees exact values.
   const std::optional<OpKind> kind = kind_of(op, info);
