@@ -8,6 +8,7 @@
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/empty.h>
@@ -44,8 +45,9 @@ bool symbolic(const Tensor& t) {
 }
 
 // Sizes that keep changing (a prompt length per call) would compile one
-// program per size; the math path's ops run bucketed there (aten/bucketed.h).
-// So a structure takes the fused kernel for its first few sizes only.
+// backward program per size; the math path's ops run bucketed there
+// (aten/bucketed.h). So a structure that needs gradients takes the fused
+// kernel for its first few sizes only.
 bool sizes_settled(const Tensor& q, const Tensor& k, const Tensor& v,
                    const std::optional<Tensor>& mask, bool is_causal) {
   constexpr size_t kMaxSizes = 4;
@@ -84,9 +86,12 @@ bool fits(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional
   for (int d : {0, 1})
     if (k.size(d) != q.size(d) || v.size(d) != q.size(d)) return false;
   if (q.size(-1) != k.size(-1) || k.size(2) != v.size(2)) return false;
-  // A single query row (a decoding step) is the math path's bucketed case.
-  if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0 || q.size(2) < 2) return false;
-  return sizes_settled(q, k, v, mask, is_causal);
+  if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0) return false;
+  // Without gradients the op runs bucketed where its lengths keep changing (a
+  // decoding step's growing key length); its backward is not bucketed.
+  const bool grad =
+      at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  return !grad || sizes_settled(q, k, v, mask, is_causal);
 }
 
 int64_t choose(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask,

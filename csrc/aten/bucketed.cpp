@@ -38,7 +38,7 @@ bool enabled() {
 // a generate loop meets a new length after every token's read.
 constexpr int kChangesBeforeBucketing = 3;
 
-enum class Kind { Pointwise, Reduce, Matmul, Cat };
+enum class Kind { Pointwise, Reduce, Matmul, Cat, Attention };
 struct OpKind {
   Kind kind;
   double neutral = 0;  // what a padded position holds for Reduce and Matmul
@@ -48,6 +48,7 @@ std::optional<OpKind> kind_of(const c10::OperatorHandle& op, const OpInfo& info)
   const std::string base = info.name.substr(0, info.name.find('.'));
   constexpr double inf = std::numeric_limits<double>::infinity();
   if (base == "cat") return OpKind{Kind::Cat};
+  if (base == "torchtpu::attention") return OpKind{Kind::Attention};
   if (base == "mm" || base == "bmm") return OpKind{Kind::Matmul, 0};
   if (base == "sum" || base == "_softmax_backward_data" || base == "_log_softmax_backward_data")
     return OpKind{Kind::Reduce, 0};
@@ -265,8 +266,13 @@ class BucketCtx final : public lower::Ctx {
   int num_outputs() const override { return static_cast<int>(outs_.types.size()); }
   const std::string& op_name() const override { return info_.name; }
   Value in(int i) override {
-    if (int k = find(i, -1); k >= 0) return gather(k, kind_.kind != Kind::Pointwise);
+    if (int k = find(i, -1); k >= 0)
+      return gather(k, kind_.kind != Kind::Pointwise && kind_.kind != Kind::Attention);
     return real_.in(i);
+  }
+  std::optional<Value> runtime_size(int i, int64_t dim) override {
+    if (int k = find(i, -1); k >= 0 && (dyn_[k] >> dim & 1)) return size_of(k, dim);
+    return std::nullopt;
   }
   std::vector<Value> list(int i) override {
     std::vector<Value> out;
@@ -346,6 +352,37 @@ class BucketCtx final : public lower::Ctx {
   OpKind kind_;
   std::vector<Geo>& geos_;
 };
+
+// Attention (torchtpu::attention: query [B, H, T, E], key [B, H, S, E],
+// value [B, H, S, Ev], bias? broadcasting to [B, H, T, S]) is bucketed along
+// T and S only, each dim in every input that has it, so the boxes agree; its
+// rule masks the keys past the real S (runtime_size). cuDNN's calls take no
+// such mask. False where the call cannot run so.
+bool attention_dims(const torch::jit::Stack& s, size_t first, const std::vector<Pos>& pos,
+                    std::vector<uint64_t>& dyn) {
+  if (s[first + 7].toBool()) return false;
+  constexpr int kT = 1, kS = 2;
+  // Which length dim of the op dim d of a position is (the bias's dims count
+  // from the end; a size 1 of it broadcasts).
+  auto role = [](const Pos& p, int64_t d) {
+    const int64_t aligned = d + 4 - p.t.dim();
+    if (p.arg == 0) return aligned == 2 ? kT : 0;
+    if (p.arg == 1 || p.arg == 2) return aligned == 2 ? kS : 0;
+    if (p.arg == 3 && p.t.size(d) > 1) return aligned == 2 ? kT : aligned == 3 ? kS : 0;
+    return 0;
+  };
+  int on = 0;
+  for (size_t k = 0; k < pos.size(); ++k)
+    for (int64_t d = 0; d < pos[k].t.dim(); ++d) {
+      if (!(dyn[k] >> d & 1)) continue;
+      if (!role(pos[k], d)) return false;
+      on |= role(pos[k], d);
+    }
+  for (size_t k = 0; k < pos.size(); ++k)
+    for (int64_t d = 0; d < pos[k].t.dim(); ++d)
+      if (role(pos[k], d) & on) dyn[k] |= uint64_t{1} << d;
+  return true;
+}
 
 // cat along a bucketed dim: each input box goes at the running sum of the
 // real sizes before it, into a box long enough for all of them, which is
@@ -517,8 +554,8 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
         if (!t.device().is_privateuseone() || t.dim() == 0) return std::nullopt;
         pl.pos.push_back({static_cast<int>(i), static_cast<int>(j), t});
       }
-    } else if (v.isList()) {
-      return std::nullopt;
+    } else if (v.isList() && !v.isIntList()) {
+      return std::nullopt;  // lists of optional tensors (index's), of scalars
     }
   }
   if (pl.pos.empty()) return std::nullopt;
@@ -534,6 +571,8 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const OpInfo& info,
       std::any_of(pl.dyn.begin(), pl.dyn.end(), [](uint64_t m) { return (m & ~kGeo) != 0; });
   if (padded && !kind) return std::nullopt;
   if (!padded) pl.kind = exact;
+  if (padded && pl.kind.kind == Kind::Attention && !attention_dims(s, first, pl.pos, pl.dyn))
+    return std::nullopt;
   pl.padded = padded;
   // Integer padding cannot hold an infinite neutral element.
   if (pl.kind.kind == Kind::Matmul || (pl.kind.kind == Kind::Reduce && std::isinf(pl.kind.neutral)))

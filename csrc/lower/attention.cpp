@@ -6,6 +6,7 @@
 // backward recomputes the probabilities instead of saving them.
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,16 +26,21 @@ Value bdot(Builder& b, Value x, int64_t lc, Value y, int64_t rc) {
 }
 
 // Scaled scores [B, H, T, S] in float32, with the bias added and the causal
-// mask (top-left aligned, as PyTorch's math path) applied.
+// mask (top-left aligned, as PyTorch's math path) applied. Keys past a
+// bucketed call's real length are masked too.
 Ex scores(Ctx& c, int q, int k, int bias, bool causal, double scale) {
   Builder& b = c.b;
   Ex s(b, bdot(b, c.in(q), 3, c.in(k), 3));
   s = s * scale;
   if (!c.is_none(bias)) s = s + in_as(c, bias, DType::F32);
+  const Shape& sh = s.v.shape();
   if (causal) {
-    const Shape& sh = s.v.shape();
     Shape ts{sh[2], sh[3]};
     Ex keep = iota_along(b, ts, 1).cmp(Cmp::LE, iota_along(b, ts, 0));
+    s = where(keep, s, s.k(-INFINITY));
+  }
+  if (std::optional<Value> n = c.runtime_size(k, 2)) {
+    Ex keep = iota_along(b, {sh[3]}, 0).cmp(Cmp::LT, Ex(b, *n));
     s = where(keep, s, s.k(-INFINITY));
   }
   return s;

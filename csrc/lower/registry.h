@@ -70,6 +70,11 @@ class Ctx {
   // Writes `v` into element e of mutable Tensor[] argument i (a fused
   // optimizer's parameters and states).
   virtual void update_at(int i, int e, Value v) = 0;
+  // The real size of tensor argument i along `dim` (an i64 scalar) when the
+  // call runs at bucket sizes (aten/bucketed.h) and in(i) is padded along it;
+  // nullopt when in(i) has its real size. Padding holds no neutral value for
+  // a rule that asks: it must mask the positions past the size itself.
+  virtual std::optional<Value> runtime_size(int, int64_t) { return std::nullopt; }
   // Output k as PyTorch's meta kernel computed it (dtype and sizes).
   virtual const Type& out(int k) const = 0;
   virtual int num_outputs() const = 0;

@@ -57,6 +57,8 @@ CASES = {
         lambda d, q, k, v, m: _sdpa(d, q, k, v, m),
         lambda: [_f(2, 2, 4, 28), _f(2, 2, 5, 28), _f(2, 2, 5, 28), torch.randn(2, 1, 4, 5)],
     ),
+    # one query row: a decoding step
+    "one_query_row": (_sdpa, lambda: [_f(1, 2, 1, 40), _f(1, 2, 9, 40), _f(1, 2, 9, 40)]),
     # [B, T, H, E] projections viewed as [B, H, T, E], as attention layers do
     "non_contiguous": (
         lambda d, q, k, v: _sdpa(d, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
@@ -100,8 +102,6 @@ def _math_path(q, k, v, **kw):
 
 def test_math_path_where_the_fused_op_does_not_fit():
     r = torch.randn
-    # one query row (a decoding step: bucketed ops serve its growing key length)
-    _math_path(r(1, 2, 1, 40), r(1, 2, 9, 40), r(1, 2, 9, 40))
     # grouped-query attention
     _math_path(r(1, 4, 3, 40), r(1, 2, 3, 40), r(1, 2, 3, 40), enable_gqa=True)
     # dropout keeps the math path's random stream
@@ -117,18 +117,23 @@ def test_math_path_where_the_fused_op_does_not_fit():
         _math_path(r(1, 2, 3, 44), r(1, 2, 3, 44), r(1, 2, 3, 44))
 
 
-def test_sizes_that_keep_changing_take_the_math_path():
-    # The first four sizes of a structure take the fused op, later new ones the
-    # math path (its ops run bucketed); a size seen before stays fused.
-    def run(t):
-        q = torch.randn(1, 2, t, 48, device="tpu")
-        return F.scaled_dot_product_attention(q, q, q, is_causal=True).requires_grad_()
-
+def test_sizes_that_keep_changing_take_the_math_path_with_gradients():
+    # With gradients, the first four sizes of a structure take the fused op, later
+    # new ones the math path (its ops run bucketed; the fused backward does not); a
+    # size seen before stays fused.
     def fused(t):
         q = torch.randn(1, 2, t, 48, device="tpu", requires_grad=True)
         return F.scaled_dot_product_attention(q, q, q, is_causal=True).grad_fn.name() == FUSED
 
     assert [fused(t) for t in (2, 3, 4, 5, 6, 7, 3)] == [True] * 4 + [False, False, True]
+    # Without them every size takes it (the forward runs bucketed where sizes keep
+    # changing: test_eager_buckets.py).
+    for t in (8, 9, 10, 11, 12, 13):
+        q = torch.randn(1, 2, t, 48, device="tpu")
+        before = torchtpu.metrics()["programs_by_op"].get("torchtpu::attention", 0)
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, q, q, is_causal=True).cpu()
+        assert torchtpu.metrics()["programs_by_op"].get("torchtpu::attention", 0) == before + 1
 
 
 def test_switch_off_by_environment():

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torchtpu
 from conftest import F32_TOL, run_py
 
@@ -61,6 +62,61 @@ def test_growing_kv_cache_stops_compiling_and_matches_cpu(eager, buckets):
     # compile, a few programs each; exact sizes would compile 4 per step.
     assert per_step[-1] - per_step[5] <= 16, per_step
     assert per_step[-1] - per_step[-8] == 0, per_step
+
+
+def sdpa_decode(dev, steps, mask):
+    """Decoding through scaled_dot_product_attention without gradients (the fused
+    op): one query row over a KV cache growing by one position per step, with no
+    mask, a bool mask, or an additive mask made on the device."""
+    g = torch.Generator().manual_seed(6)
+    k = torch.randn(2, 4, 5, 16, generator=g).to(dev)
+    v = torch.randn(2, 4, 5, 8, generator=g).to(dev)
+    outs = []
+    for _ in range(steps):
+        q, kn = (torch.randn(2, 4, 1, 16, generator=g).to(dev) for _ in range(2))
+        k = torch.cat([k, kn], 2)
+        v = torch.cat([v, torch.randn(2, 4, 1, 8, generator=g).to(dev)], 2)
+        keep = torch.rand(2, 1, 1, k.shape[2], generator=g) > 0.3
+        keep[0, ..., 2:] = False  # batch 0 sees its first two keys only
+        m = {"none": None, "bool": keep.to(dev), "float": (keep.to(dev).float() - 1) * 1e4}[mask]
+        with torch.no_grad():
+            outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=m).cpu())
+    return torch.stack(outs)
+
+
+def test_attention_op_runs_bucketed_along_a_growing_kv_cache(buckets):
+    def attention_programs():
+        by_op = torchtpu.metrics()["programs_by_op"]
+        return {k: n for k, n in by_op.items() if k.startswith("torchtpu::attention")}
+
+    before = attention_programs()
+    for mask in ("none", "bool", "float"):  # a bool mask reaches the op as a float one
+        got, ref = sdpa_decode("tpu", 40, mask), sdpa_decode("cpu", 40, mask)
+        torch.testing.assert_close(got, ref, **F32_TOL)
+    new = {k: n - before.get(k, 0) for k, n in attention_programs().items()}
+    # Lengths 6..45, without and with a mask: 6, 7 and 8 exact, then a program or
+    # two per bucket (16, 32, 64; the mask's storage may be exact or a bucket's),
+    # where exact sizes would compile 120.
+    assert new.get("torchtpu::attention (bucketed)", 0) >= 4, new
+    assert sum(new.values()) <= 20, new
+
+
+def test_attention_op_runs_bucketed_along_changing_prompt_lengths(buckets):
+    """Causal attention at a new prompt length every call: the query and key
+    lengths are bucketed together."""
+    g = torch.Generator().manual_seed(7)
+    b0 = bucketed()
+    by_op = torchtpu.metrics()["programs_by_op"]
+    p0 = by_op.get("torchtpu::attention (bucketed)", 0)
+    for t in range(3, 30):
+        q, k, v = (torch.randn(1, 2, t, 8, generator=g) for _ in range(3))
+        with torch.no_grad():
+            got = F.scaled_dot_product_attention(*(x.to("tpu") for x in (q, k, v)), is_causal=True)
+        torch.testing.assert_close(
+            got.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True), **F32_TOL
+        )
+    assert bucketed() - b0 > 20
+    assert torchtpu.metrics()["programs_by_op"]["torchtpu::attention (bucketed)"] > p0
 
 
 def test_switch_off_compiles_every_length(monkeypatch):
@@ -276,7 +332,9 @@ def test_dynamic_cache_generate_compiles_per_bucket(mode, on):
     per_token = eval(r.stdout.split("PER_TOKEN")[1].split("\n")[0].strip())
     later = sum(per_token[6:])  # tokens 8..41: cache lengths 13..45
     if on == "1":
-        # Only the bucket boundaries (16, 32) compile: the attention ops' programs.
-        assert later <= 24 and int(r.stdout.split("BUCKETED")[1]) > 0, per_token
+        # Only the bucket boundaries (16, 32) compile: the attention op's and the
+        # cats' programs.
+        assert later <= 12 and int(r.stdout.split("BUCKETED")[1]) > 0, per_token
     else:
-        assert later >= 4 * len(per_token[6:]), per_token
+        # A program per token for each of the two cats and the attention op.
+        assert later >= 3 * len(per_token[6:]), per_token
