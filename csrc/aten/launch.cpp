@@ -119,13 +119,24 @@ const pjrt::CompileOptions& loop_options() {
   return o;
 }
 
-// Small programs' build: the elemental emitter and LLVM at level 1: about
-// 1.5x faster to compile, loops as fast at these sizes. (Level 0 with the
-// elemental emitter compiles faster still, but lost part of amax's gradient
-// after a gelu in test_compile's masked reductions.)
-const pjrt::CompileOptions& small_options() {
+// Tiered quick builds on XLA:CPU: the elemental emitter and LLVM at level 1.
+// (Level 0 with the elemental emitter compiles faster still, but lost part of
+// amax's gradient after a gelu in test_compile's masked reductions.)
+const pjrt::CompileOptions& cpu_quick_options() {
   static const pjrt::CompileOptions o{.overrides = {{"xla_backend_optimization_level", int64_t{1}},
                                                     {"xla_cpu_use_fusion_emitters", false}}};
+  return o;
+}
+
+// Small programs' build: the quick build (about 1.5x faster to compile, loops
+// as fast at these sizes), its LLVM module in one part: XLA's parallel parts
+// cost more than they save on a module this small (about 15% of the compile).
+const pjrt::CompileOptions& small_options() {
+  static const pjrt::CompileOptions o = [] {
+    pjrt::CompileOptions s = cpu_quick_options();
+    s.overrides.push_back({"xla_cpu_parallel_codegen_split_count", int64_t{1}});
+    return s;
+  }();
   return o;
 }
 
@@ -135,11 +146,11 @@ const pjrt::CompileOptions& default_options() {
   return o;
 }
 
-// What XLA gets for a build: small programs keep the LLVM options XLA_FLAGS
-// gives them (no loop unrolling or vectorization: about 1.7x less compile
-// time at these sizes); every other build clears them.
+// What XLA gets for a build: small programs and quick builds keep the LLVM
+// options XLA_FLAGS gives them (no loop unrolling or vectorization: about 1.7x
+// less compile time at these sizes); every other build clears them.
 pjrt::CompileOptions xla_build(const pjrt::CompileOptions& o) {
-  if (&o == &small_options() || !small_llvm_flags()) return o;
+  if (&o == &small_options() || &o == &cpu_quick_options() || !small_llvm_flags()) return o;
   pjrt::CompileOptions full = o;
   full.overrides.push_back({"xla_backend_extra_options", std::string()});
   return full;
@@ -152,12 +163,12 @@ bool cpu_builds_on() {
   return on;
 }
 
-// A tiered program's first build: the small build on XLA:CPU, XLA's level 0
+// A tiered program's first build: the quick build on XLA:CPU, XLA's level 0
 // elsewhere.
 const pjrt::CompileOptions& quick_options() {
   static const pjrt::CompileOptions level0{
       .overrides = {{"xla_backend_optimization_level", int64_t{0}}}};
-  return cpu_builds_on() ? small_options() : level0;
+  return cpu_builds_on() ? cpu_quick_options() : level0;
 }
 
 // Limits for a program whose loops are too small for optimized code to pay

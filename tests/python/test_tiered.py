@@ -147,30 +147,35 @@ def test_small_programs_get_the_cheaper_build(tmp_path, mode):
 
 def dumped_builds(tmp_path, xla_flags=""):
     """Runs SMALL in Strict with XLA's dumps on; for each compiled program, whether
-    it got the small build (level 1) and the LLVM options XLA used for it."""
+    it got the small build (level 1), the LLVM options XLA used for it and whether
+    its LLVM module was compiled in one part."""
     dump = tmp_path / "dump"
     run_small(tmp_path / "cache", "strict", {"XLA_FLAGS": f"{xla_flags} --xla_dump_to={dump}"})
     builds = []
     for f in sorted(dump.glob("*.debug_options")):
         text = f.read_text()
         llvm = {line.split('"')[1] for line in text.splitlines() if line.strip().startswith("key:")}
-        builds.append(("xla_backend_optimization_level: 1" in text, llvm))
+        one_part = "xla_cpu_parallel_codegen_split_count: 1\n" in text
+        builds.append(("xla_backend_optimization_level: 1" in text, llvm, one_part))
     return builds
 
 
 def test_small_builds_skip_llvm_loop_unrolling_and_vectorizing(tmp_path):
     builds = dumped_builds(tmp_path)
     ours = {"xla_cpu_disable_loop_unrolling", "xla_cpu_optimize_for_size"}
-    small = [llvm for is_small, llvm in builds if is_small]
-    other = [llvm for is_small, llvm in builds if not is_small]
+    small = [llvm for is_small, llvm, _ in builds if is_small]
+    other = [llvm for is_small, llvm, _ in builds if not is_small]
     assert small and other, builds
     assert all(llvm == ours for llvm in small), builds
     assert all(not llvm for llvm in other), builds
+    # Small programs' LLVM modules compile in one part, larger ones in XLA's parallel
+    # parts.
+    assert all(one_part == is_small for is_small, _, one_part in builds), builds
     # A user's own LLVM options reach every build, ours none.
     mine = dumped_builds(
         tmp_path / "mine", "--xla_backend_extra_options=xla_cpu_disable_slp_vectorizer"
     )
-    assert mine and all(llvm == {"xla_cpu_disable_slp_vectorizer"} for _, llvm in mine), mine
+    assert mine and all(llvm == {"xla_cpu_disable_slp_vectorizer"} for _, llvm, _ in mine), mine
 
 
 # amax's backward compares its input with the max, so a program that computes the
