@@ -141,6 +141,10 @@ class Buffer {
   bool is_ready() const;
   // Blocking copy of the whole buffer to host memory (row-major, dst_bytes == nbytes()).
   void to_host(void* dst, size_t dst_bytes) const;
+  // Reads of at most this many bytes from an XLA:CPU buffer copy it in place.
+  static constexpr size_t kDirectReadBytes = 64 << 10;
+  // How many reads did (process-wide).
+  static int64_t direct_host_reads();
   // A copy on another device of the same client (PJRT_Buffer_CopyToDevice: a
   // device-to-device transfer where the plugin has one); asynchronous.
   std::shared_ptr<Buffer> copy_to_device(int device) const;

@@ -270,6 +270,29 @@ void expect_add_runs_on(Executable& exe, int device) {
   EXPECT_EQ(to_floats(*out[0]), (std::vector<float>{11, 22})) << "device " << device;
 }
 
+// XLA:CPU's buffers are host memory: a read of at most kDirectReadBytes from a
+// rank <= 1 buffer copies it in place; others go through PJRT_Buffer_ToHostBuffer.
+// Both give the buffer's bytes.
+int64_t direct_reads_of(const std::vector<float>& values, const std::vector<int64_t>& dims) {
+  BufferPtr buf = cpu_client()->buffer_from_host(values.data(), DType::F32, dims, 1);
+  const int64_t before = Buffer::direct_host_reads();
+  EXPECT_EQ(to_floats(*buf), values);
+  return Buffer::direct_host_reads() - before;
+}
+
+TEST(PjrtBuffer, SmallCpuReadsCopyInPlace) {
+  EXPECT_EQ(direct_reads_of({2.5f}, {}), 1);
+  EXPECT_EQ(direct_reads_of({1, -2, 3, 4}, {4}), 1);
+  EXPECT_EQ(direct_reads_of({1, -2, 3, 4}, {2, 2}), 0);
+  std::vector<float> big(Buffer::kDirectReadBytes / sizeof(float) + 1, 7.f);
+  EXPECT_EQ(direct_reads_of(big, {static_cast<int64_t>(big.size())}), 0);
+  // An execution's output, read at once: the read waits for it.
+  ExecutablePtr exe = cpu_client()->compile(kAddProgram);
+  const int64_t before = Buffer::direct_host_reads();
+  expect_add_runs_on(*exe, 1);
+  EXPECT_EQ(Buffer::direct_host_reads() - before, 1);
+}
+
 TEST(PjrtExecutable, AddRunsOnDevice0And1) {
   ExecutablePtr exe = cpu_client()->compile(kAddProgram);
   EXPECT_EQ(exe->num_outputs(), 1u);
