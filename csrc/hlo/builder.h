@@ -113,6 +113,10 @@ class Builder {
 
   // --- reductions
   Value reduce(Value x, Value init, const std::vector<int64_t>& dims, Reducer r);
+  // One variadic reduce of same-shaped values (XLA makes one kernel of it
+  // where a reduce per value makes one each, or two after its tree split).
+  std::vector<Value> reduce_each(const std::vector<Value>& xs, Value init,
+                                 const std::vector<int64_t>& dims, Reducer r);
 
   // Cross-replica collectives (builder_collective.cpp): `groups` lists replica ids,
   // every group the same size; programs are compiled with num_replicas = all ids.
@@ -256,7 +260,7 @@ class Builder {
            const Type& out, const std::string& region = {});
   // A one-block region whose body is built with this builder's own emitters.
   std::string region(const std::vector<Type>& args, const Body& body);
-  std::string reducer_region(Reducer r, DType dtype);
+  std::string reducer_region(Reducer r, DType dtype, size_t n = 1);
   Value coords(Value idx, int64_t dim, int64_t rank);  // idx.shape + [rank] i64 coordinates
   Value gather(Value x, Value idx, const std::vector<int64_t>& offset_dims,
                const std::vector<int64_t>& dims, int64_t index_vector_dim, const Shape& slice_sizes,

@@ -37,16 +37,18 @@ Shape drop_dims(const Shape& s, const std::vector<int64_t>& dims) {
 
 // ---------------------------------------------------------------- reductions
 
-std::string Builder::reducer_region(Reducer r, DType dt) {
+std::string Builder::reducer_region(Reducer r, DType dt, size_t n) {
   static const char* kOps[] = {"add", "multiply", "maximum", "minimum", "and", "or", "xor"};
   const char* opname = kOps[static_cast<int>(r)];
   if (dt == DType::Bool && r == Reducer::Add) opname = "or";  // bool sum saturates (any)
   if (dt == DType::Bool && r == Reducer::Mul) opname = "and";
   if ((r == Reducer::And || r == Reducer::Or || r == Reducer::Xor) && is_float(dt))
     fail("reduce", "and/or/xor on float");
-  Type s{dt, {}};
-  return region({s, s}, [&](const std::vector<Value>& a) {
-    return std::vector<Value>{binary(opname, a[0], a[1])};
+  // n accumulators side by side: (a_0..a_n-1, b_0..b_n-1) -> a_i op b_i.
+  return region(std::vector<Type>(2 * n, Type{dt, {}}), [&](const std::vector<Value>& a) {
+    std::vector<Value> out;
+    for (size_t i = 0; i < n; ++i) out.push_back(binary(opname, a[i], a[n + i]));
+    return out;
   });
 }
 
@@ -57,6 +59,24 @@ Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, Red
   std::string body = reducer_region(r, x.dtype());
   return op("reduce", {x, init}, "dimensions = " + arr(dims),
             Type{x.dtype(), drop_dims(x.shape(), dims)}, body);
+}
+
+std::vector<Value> Builder::reduce_each(const std::vector<Value>& xs, Value init,
+                                        const std::vector<int64_t>& dims, Reducer r) {
+  if (xs.empty()) return {};
+  if (xs.size() == 1) return {reduce(xs[0], init, dims, r)};
+  const Type& t = xs[0].type;
+  check_dims("reduce", dims, t.rank());
+  if (init.rank() != 0 || init.dtype() != t.dtype)
+    fail("reduce", "init " + init.type.str() + " for " + t.str());
+  for (const Value& x : xs)
+    if (x.type != t) fail("reduce", "operands " + t.str() + " and " + x.type.str() + " differ");
+  const size_t n = xs.size();
+  std::string body = reducer_region(r, t.dtype, n);
+  std::vector<Value> args = xs;
+  args.insert(args.end(), n, init);
+  std::vector<Type> outs(n, Type{t.dtype, drop_dims(t.shape, dims)});
+  return emit_multi(generic("reduce", args, "dimensions = " + arr(dims), outs, body), outs);
 }
 
 // Comparator picks (value, index) by torch's order: NaN beats everything,

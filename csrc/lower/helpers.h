@@ -24,6 +24,12 @@ Value elementwise(Builder& b, const char* op, Value x, Value y, const Shape& sha
 Value reduce_init(Builder& b, hlo::Reducer r, DType dtype);
 // Sum over dims keeping rank (keepdim) or not.
 Value reduce_sum(Builder& b, Value x, const std::vector<int64_t>& dims, bool keepdim);
+// Sums of same-shaped values over the same dims as variadic reduces: one or
+// two XLA kernels for all of them (separate sums take one or two each). Over
+// more than 1024 elements in two stages of about sqrt(n) elements each, so
+// rounding stays near XLA's own split of a single large sum. Short sums down
+// columns stay separate reduces (faster there).
+std::vector<Value> reduce_sums(Builder& b, const std::vector<Value>& xs, std::vector<int64_t> dims);
 // Matmul with torch.matmul broadcasting for rank >= 1 operands, result in `out` dtype.
 Value matmul(Builder& b, Value x, Value y, DType out);
 

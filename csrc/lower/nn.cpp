@@ -18,6 +18,17 @@ using V = std::vector<Value>;
 Ex sum(const Ex& x, const std::vector<int64_t>& dims, bool keepdim = false) {
   return Ex(*x.b, reduce_sum(*x.b, x.v, dims, keepdim));
 }
+// reduce_sums on Ex values, optionally keeping the reduced dims as size 1.
+std::vector<Ex> sums(const std::vector<Ex>& xs, const std::vector<int64_t>& dims,
+                     bool keepdim = false) {
+  Builder& b = *xs.at(0).b;
+  std::vector<Value> vs;
+  for (const Ex& x : xs) vs.push_back(x.v);
+  std::vector<Ex> out;
+  for (Value r : reduce_sums(b, vs, dims))
+    out.emplace_back(b, keepdim ? b.reshape(r, reduced_shape(vs[0].shape(), dims, true)) : r);
+  return out;
+}
 Ex sum_all(const Ex& x) { return sum(x, reduce_dims({}, x.v.rank())); }
 std::vector<int64_t> range(int64_t from, int64_t to) {
   std::vector<int64_t> r;
@@ -185,13 +196,15 @@ TPU_LOWERING(nn_layer_norm) {
     V out;
     Ex gw = c.is_none(5) ? g : g * in_as(c, 5, t);
     if (mask.get(0)) {
-      Ex dx = (gw - sum(gw, axes, true) / n - xhat * (sum(gw * xhat, axes, true) / n)) * rstd;
-      out.push_back(dx);
+      std::vector<Ex> s = sums({gw, gw * xhat}, axes, true);
+      out.push_back((gw - s[0] / n - xhat * (s[1] / n)) * rstd);
     } else {
       out.push_back(zeros(c, 0));
     }
-    out.push_back(mask.get(1) ? sum(g * xhat, lead).v : zeros(c, 1).v);
-    out.push_back(mask.get(2) ? sum(g, lead).v : zeros(c, 2).v);
+    if (!mask.get(1) && !mask.get(2)) return {out[0], zeros(c, 1), zeros(c, 2)};
+    std::vector<Ex> s = sums({g * xhat, g}, lead);
+    out.push_back(mask.get(1) ? s[0].v : zeros(c, 1).v);
+    out.push_back(mask.get(2) ? s[1].v : zeros(c, 2).v);
     return out;
   });
 }
@@ -319,11 +332,12 @@ TPU_LOWERING(nn_batch_norm) {
     Ex w = c.is_none(2) ? invstd.k(1) : channel(c, 2, x.v, t);
     Ex xhat = (x - mean) * invstd;
     auto mask = c.arg(9).toBoolList();
-    Ex dx = train
-                ? (g - sum(g, axes, true) / n - xhat * (sum(g * xhat, axes, true) / n)) * w * invstd
-                : g * w * invstd;
-    return {mask.get(0) ? dx.v : zeros(c, 0).v, mask.get(1) ? sum(g * xhat, axes).v : zeros(c, 1).v,
-            mask.get(2) ? sum(g, axes).v : zeros(c, 2).v};
+    std::vector<Ex> s = sums({g, g * xhat}, axes, true);
+    Ex dx = train ? (g - s[0] / n - xhat * (s[1] / n)) * w * invstd : g * w * invstd;
+    const Shape cs = {x.v.shape()[1]};
+    return {mask.get(0) ? dx.v : zeros(c, 0).v,
+            mask.get(1) ? c.b.reshape(s[1].v, cs) : zeros(c, 1).v,
+            mask.get(2) ? c.b.reshape(s[0].v, cs) : zeros(c, 2).v};
   });
   // Same arguments (plus a trailing reserve), `update` in the training slot.
   reg("batch_norm_backward", *find_rule("native_batch_norm_backward"));
@@ -366,12 +380,13 @@ TPU_LOWERING(nn_group_norm) {
               (Ex(b, b.reshape(go.v, chan)) * Ex(b, b.reshape(b.convert(c.in(4), t), {ch, 1}))).v,
               grouped));
     double cnt = static_cast<double>(ch / g * hw);
-    Ex dx = (gw - sum(gw, {2}, true) / cnt - xhat * (sum(gw * xhat, {2}, true) / cnt)) * rstd;
+    std::vector<Ex> s = sums({gw, gw * xhat}, {2}, true);
+    Ex dx = (gw - s[0] / cnt - xhat * (s[1] / cnt)) * rstd;
     auto mask = c.arg(9).toBoolList();
     Ex gc(b, b.reshape(go.v, chan)), xc(b, b.reshape(xhat.v, chan));
+    std::vector<Ex> p = sums({gc * xc, gc}, {0, 2});
     return {mask.get(0) ? b.reshape(dx.v, x0.shape()) : zeros(c, 0).v,
-            mask.get(1) ? sum(gc * xc, {0, 2}).v : zeros(c, 1).v,
-            mask.get(2) ? sum(gc, {0, 2}).v : zeros(c, 2).v};
+            mask.get(1) ? p[0].v : zeros(c, 1).v, mask.get(2) ? p[1].v : zeros(c, 2).v};
   });
 }
 

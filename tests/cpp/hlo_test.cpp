@@ -402,6 +402,39 @@ TEST(HloRun, Reduce) {
   expect_vec<uint8_t>(out[3], {2}, {1, 0});
 }
 
+TEST(HloRun, ReduceEachIsOneVariadicReduce) {
+  Host x = f32({2, 3}, {1, 5, 2, -1, 4, 3});
+  Host y = f32({2, 3}, {0, 1, 0, 2, 0, 3});
+  auto out = run_fn({x, y}, [](Builder& b, std::vector<Value> p) {
+    Value z = b.constant(0, DType::F32);
+    std::vector<Value> sums = b.reduce_each({p[0], p[1], p[0]}, z, {0}, Reducer::Add);
+    std::vector<Value> maxes =
+        b.reduce_each({p[0], p[1]}, b.constant(-kInf, DType::F32), {0, 1}, Reducer::Max);
+    sums.insert(sums.end(), maxes.begin(), maxes.end());
+    return sums;
+  });
+  ASSERT_EQ(out.size(), 5u);
+  expect_vec<float>(out[0], {3}, {0, 9, 5});
+  expect_vec<float>(out[1], {3}, {2, 1, 3});
+  expect_vec<float>(out[2], {3}, {0, 9, 5});
+  expect_vec<float>(out[3], {}, {5});
+  expect_vec<float>(out[4], {}, {3});
+  // One reduce op for all three sums; shapes must agree.
+  Builder b;
+  Value a = b.param(Type{DType::F32, {2, 3}}), c = b.param(Type{DType::F32, {3, 2}});
+  b.ret(b.reduce_each({a, a, a}, b.constant(0, DType::F32), {1}, Reducer::Add));
+  std::string m = b.module();
+  size_t reduces = 0;
+  for (size_t at = m.find("stablehlo.reduce"); at != std::string::npos;
+       at = m.find("stablehlo.reduce", at + 1))
+    ++reduces;
+  EXPECT_EQ(reduces, 1u) << m;
+  EXPECT_NE(build_error([&] {
+              b.reduce_each({a, c}, b.constant(0, DType::F32), {0}, Reducer::Add);
+            }).find("differ"),
+            std::string::npos);
+}
+
 TEST(HloRun, ReduceArgTiesAndNan) {
   float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   Host x = f32({4, 4}, {1, 3, 3, 2,  //
