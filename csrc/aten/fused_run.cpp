@@ -182,7 +182,7 @@ std::shared_ptr<ProgramEntry> build(Graph& g, const std::vector<int>& order,
     DType d = s.st ? s.st->dtype : s.state.dtype;
     results.push_back(p.current[o].valid() ? p.current[o] : p.storage(o, d));
   }
-  p.finish(results, *e, "TORCHTPU_DUMP_FUSED");
+  p.finish(results, *e, CodegenParts::Xla, "TORCHTPU_DUMP_FUSED");
   return e;
 }
 

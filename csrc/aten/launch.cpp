@@ -88,16 +88,22 @@ void trace_cache_tier(cache::Source source) {
   });
 }
 
-// Opt-in, as cudnn.benchmark is: which build runs a step depends on when the
-// background compile finishes and on what the cache held, so results may
-// differ between runs in the last bit (and Adam magnifies that in weights
-// whose gradients are near zero).
-bool tiered_enabled() {
-  static const bool on = [] {
+// Which programs compile quick first and tier up in the background
+// (TORCHTPU_TIERED_COMPILE). All of them only on request, as cudnn.benchmark
+// is: which build runs a step depends on when the background compile finishes
+// and on what the cache held, and the builds of a program with reductions or
+// transcendental functions differ in the last bit (Adam magnifies that in
+// weights whose gradients are near zero). By default only the XLA:CPU
+// programs whose two builds agree bit for bit (hlo::ModuleWork::exact:
+// AdamW's foreach ops, most pointwise ops), so results never depend on it.
+enum class Tiers { None, Exact, All };
+Tiers tiers() {
+  static const Tiers t = [] {
     const char* v = std::getenv("TORCHTPU_TIERED_COMPILE");
-    return v && *v && std::string(v) != "0";
+    if (!v || !*v) return Tiers::Exact;
+    return std::string(v) == "0" ? Tiers::None : Tiers::All;
   }();
-  return on;
+  return t;
 }
 
 // When the foreground last compiled: tier-ups wait for a quiet spell so they
@@ -128,21 +134,33 @@ const pjrt::CompileOptions& cpu_quick_options() {
   return o;
 }
 
+// `o` with its LLVM module in one part (CodegenParts::One).
+pjrt::CompileOptions one_part(pjrt::CompileOptions o) {
+  o.overrides.push_back({"xla_cpu_parallel_codegen_split_count", int64_t{1}});
+  return o;
+}
+
 // Small programs' build: the quick build (about 1.5x faster to compile, loops
 // as fast at these sizes), its LLVM module in one part: XLA's parallel parts
 // cost more than they save on a module this small (about 15% of the compile).
 const pjrt::CompileOptions& small_options() {
-  static const pjrt::CompileOptions o = [] {
-    pjrt::CompileOptions s = cpu_quick_options();
-    s.overrides.push_back({"xla_cpu_parallel_codegen_split_count", int64_t{1}});
-    return s;
-  }();
+  static const pjrt::CompileOptions o = one_part(cpu_quick_options());
   return o;
 }
 
 // XLA's own settings: no overrides.
 const pjrt::CompileOptions& default_options() {
   static const pjrt::CompileOptions o;
+  return o;
+}
+
+// Per-op programs' full builds (CodegenParts::One).
+const pjrt::CompileOptions& loop_options_one_part() {
+  static const pjrt::CompileOptions o = one_part(loop_options());
+  return o;
+}
+const pjrt::CompileOptions& default_options_one_part() {
+  static const pjrt::CompileOptions o = one_part(default_options());
   return o;
 }
 
@@ -163,12 +181,13 @@ bool cpu_builds_on() {
   return on;
 }
 
-// A tiered program's first build: the quick build on XLA:CPU, XLA's level 0
-// elsewhere.
-const pjrt::CompileOptions& quick_options() {
+// A tiered program's first build: the quick build on XLA:CPU (a per-op
+// program's in one part, as small programs are built), XLA's level 0 elsewhere.
+const pjrt::CompileOptions& quick_options(CodegenParts parts) {
   static const pjrt::CompileOptions level0{
       .overrides = {{"xla_backend_optimization_level", int64_t{0}}}};
-  return cpu_builds_on() ? cpu_quick_options() : level0;
+  if (!cpu_builds_on()) return level0;
+  return parts == CodegenParts::One ? small_options() : cpu_quick_options();
 }
 
 // Limits for a program whose loops are too small for optimized code to pay
@@ -183,12 +202,13 @@ constexpr int64_t kSmallDotElements = 16384;
 // gradient), loop_options() when it has no reduction, scatter or sort. Decided
 // by the program text alone, so a program always gets the same build, in every
 // mode and run (tiered compiles build a plain program quick first, then this
-// one). TORCHTPU_SMALL_QUICK=0 compiles every program with XLA's default.
-const pjrt::CompileOptions* cpu_build(const std::string& mlir) {
+// one); `parts` only splits the LLVM module, the code is the same.
+// TORCHTPU_SMALL_QUICK=0 compiles every program with XLA's default.
+const pjrt::CompileOptions* cpu_build(const hlo::ModuleWork& work, CodegenParts parts) {
   if (!cpu_builds_on()) return nullptr;
-  const hlo::ModuleWork work = hlo::module_work(mlir);
   if (work.loop <= kSmallLoopElements && work.dot <= kSmallDotElements) return &small_options();
-  return work.regions ? nullptr : &loop_options();
+  if (parts == CodegenParts::Xla) return work.regions ? nullptr : &loop_options();
+  return work.regions ? &default_options_one_part() : &loop_options_one_part();
 }
 
 // Background compiles of optimized builds. Workers hold entries weakly: a
@@ -396,14 +416,16 @@ pjrt::ExecutablePtr quick_build(const std::string& mlir, const pjrt::CompileOpti
 
 namespace {
 
-void compile_now(const std::string& mlir, Launchable& entry) {
+void compile_now(const std::string& mlir, Launchable& entry, CodegenParts parts) {
   auto t0 = std::chrono::steady_clock::now();
-  const pjrt::CompileOptions* build = cpu_build(mlir);
-  // Quick builds may round differently in the last bit (no FMA contraction):
-  // under torch.use_deterministic_algorithms a program keeps one build.
-  const bool tiered = tiered_enabled() && !at::globalContext().deterministicAlgorithms();
+  const hlo::ModuleWork work = cpu_builds_on() ? hlo::module_work(mlir) : hlo::ModuleWork{};
+  const pjrt::CompileOptions* build = cpu_build(work, parts);
+  // Under torch.use_deterministic_algorithms a program keeps one build.
+  const Tiers t = at::globalContext().deterministicAlgorithms() ? Tiers::None : tiers();
+  const bool tiered = t == Tiers::All || (t == Tiers::Exact && build && work.exact);
   if (build == &small_options() || (build && !tiered)) {
-    entry.exe = quick_build(mlir, *build, t0);
+    entry.exe = build == &default_options_one_part() ? compile_cached(mlir, *build)
+                                                     : quick_build(mlir, *build, t0);
     return;
   }
   if (!tiered) {
@@ -416,7 +438,7 @@ void compile_now(const std::string& mlir, Launchable& entry) {
     entry.exe = counted(source, std::move(exe), t0);
     return;
   }
-  entry.exe = quick_build(mlir, quick_options(), t0);
+  entry.exe = quick_build(mlir, quick_options(parts), t0);
   entry.quick_mlir = mlir;
   entry.final_options = &final_options;
   entry.tier.store(Launchable::Quick, std::memory_order_release);
@@ -424,8 +446,8 @@ void compile_now(const std::string& mlir, Launchable& entry) {
 
 }  // namespace
 
-void compile_program(const std::string& mlir, Launchable& entry) {
-  if (!async_runs::enabled()) return compile_now(mlir, entry);
+void compile_program(const std::string& mlir, Launchable& entry, CodegenParts parts) {
+  if (!async_runs::enabled()) return compile_now(mlir, entry, parts);
   // The result types let a launch queued later (behind another compile) hand out placeholders.
   std::optional<std::vector<hlo::Type>> results = hlo::module_results(mlir);
   if (results)
@@ -438,11 +460,11 @@ void compile_program(const std::string& mlir, Launchable& entry) {
   // tier mark is recorded on this thread).
   const bool profiled = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE).has_value();
   if (!results || !self || external || profiled || mode() == Mode::Debug)
-    return compile_now(mlir, entry);
+    return compile_now(mlir, entry, parts);
   entry.state.store(Launchable::Compiling, std::memory_order_release);
-  async_runs::submit_compile([self = std::move(self), mlir] {
+  async_runs::submit_compile([self = std::move(self), mlir, parts] {
     try {
-      compile_now(mlir, *self);
+      compile_now(mlir, *self, parts);
       self->state.store(Launchable::Ready, std::memory_order_release);
     } catch (const std::exception& e) {
       self->compile_error = e.what();

@@ -90,9 +90,15 @@ size_t program_table_limit();
 // shared root, or a compile); counts real compiles in metrics().
 pjrt::ExecutablePtr compile_cached(const std::string& mlir,
                                    const pjrt::CompileOptions& options = {});
+// How XLA:CPU splits a program's LLVM module for codegen: per-op programs in
+// one part (several of them compile at once on the async threads, where XLA's
+// parallel parts only add work), graphs in XLA's parts (one large compile can
+// use every core).
+enum class CodegenParts { One, Xla };
 // Sets `entry.exe` to the optimized build when a cache tier has it, else
 // (tiered compiles on) to a quick build marked for a later tier-up.
-void compile_program(const std::string& mlir, Launchable& entry);
+void compile_program(const std::string& mlir, Launchable& entry,
+                     CodegenParts parts = CodegenParts::One);
 // Waits until no tier-up is queued or compiling (tests, benchmarks).
 void wait_tier_ups();
 

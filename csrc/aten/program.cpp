@@ -357,7 +357,8 @@ std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
   return fresh;
 }
 
-void Program::finish(const std::vector<Value>& results, ProgramEntry& entry, const char* dump_dir) {
+void Program::finish(const std::vector<Value>& results, ProgramEntry& entry, CodegenParts parts,
+                     const char* dump_dir) {
   b.ret(results);
   entry.inputs = std::move(inputs);
   entry.scalars = std::move(scalars);
@@ -372,7 +373,7 @@ void Program::finish(const std::vector<Value>& results, ProgramEntry& entry, con
     }
   }
   const hlo::Builder::Replication& rep = b.replication();
-  if (rep.tag < 0) return compile_program(text, entry);
+  if (rep.tag < 0) return compile_program(text, entry, parts);
   // Every replica runs this build: no tiers.
   entry.exe = compile_cached(text, replica_options(rep.devices));
   entry.replica_group = rep.tag;

@@ -104,7 +104,7 @@ struct Program {
   // packs, exe); when the environment variable `dump_dir` names a directory,
   // the StableHLO text is written there too (TORCHTPU_DUMP_FUSED).
   void finish(const std::vector<hlo::Value>& results, ProgramEntry& entry,
-              const char* dump_dir = nullptr);
+              CodegenParts parts = CodegenParts::One, const char* dump_dir = nullptr);
 };
 
 // The storage slot of a tensor argument, or -1 for a host tensor.

@@ -41,6 +41,32 @@ bool has_region_op(std::string_view line) {
   return false;
 }
 
+// Ops whose results do not depend on how the loop computing them is compiled.
+bool exact_op(std::string_view name) {
+  static constexpr std::string_view kExact =
+      " abs add and broadcast_in_dim clamp compare concatenate constant convert divide"
+      " dynamic_slice dynamic_update_slice iota maximum minimum multiply negate not or pad"
+      " reshape return reverse select slice sqrt subtract transpose xor ";
+  if (name.empty()) return false;
+  for (size_t at = kExact.find(name); at != std::string_view::npos; at = kExact.find(name, at + 1))
+    if (kExact[at - 1] == ' ' && kExact[at + name.size()] == ' ') return true;
+  return false;
+}
+
+// Whether every op named on the line (`stablehlo.NAME`, any other dialect
+// counting as not exact) is an exact_op.
+bool exact_line(std::string_view line) {
+  for (std::string_view dialect : {"chlo.", "mhlo.", "shardy.", "sdy."})
+    if (has(line, dialect)) return false;
+  constexpr std::string_view kOp = "stablehlo.";
+  for (size_t at = line.find(kOp); at != std::string_view::npos; at = line.find(kOp, at + 1)) {
+    size_t end = at + kOp.size();
+    while (end < line.size() && ((line[end] >= 'a' && line[end] <= 'z') || line[end] == '_')) ++end;
+    if (!exact_op(line.substr(at + kOp.size(), end - at - kOp.size()))) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 ModuleWork module_work(std::string_view text) {
@@ -51,6 +77,7 @@ ModuleWork module_work(std::string_view text) {
     start = end + 1;
     if (has(line, "func.func") || has(line, "stablehlo.reshape")) continue;
     w.regions = w.regions || has_region_op(line);
+    w.exact = w.exact && exact_line(line);
     if (has(line, "stablehlo.gather") || has(line, "stablehlo.dynamic_slice") ||
         has(line, "stablehlo.slice")) {
       size_t arrow = line.rfind("->");

@@ -21,6 +21,11 @@ struct ModuleWork {
   // Whether an op has a region that XLA emits as more than a loop over its
   // result: reduce, reduce_window, scatter, select_and_scatter, sort, while.
   bool regions = false;
+  // Whether every op is IEEE 754 arithmetic that rounds exactly (add, multiply,
+  // divide, sqrt, ...), a comparison, a select or data movement: LLVM's loop
+  // unrolling and vectorization cannot change such a program's results, so
+  // its quick and optimized builds agree bit for bit.
+  bool exact = true;
 };
 
 // Of a module in the generic form Builder::module() writes (one op a line).

@@ -740,6 +740,36 @@ TEST(HloRun, FftKinds) {
   EXPECT_NE(bad.find("n/2+1"), std::string::npos) << bad;
 }
 
+// Exact modules: IEEE-exact arithmetic, comparisons, selects and data movement
+// only (their quick and optimized XLA:CPU builds agree bit for bit).
+TEST(HloText, ModuleWorkTellsExactArithmetic) {
+  auto exact = [](auto&& body) {
+    Builder b;
+    Value x = b.param(Type{DType::F32, {8, 4}}), y = b.param(Type{DType::F32, {8, 4}});
+    b.ret({body(b, x, y)});
+    return module_work(b.module()).exact;
+  };
+  EXPECT_TRUE(exact([](Builder& b, Value x, Value y) {
+    Value m = b.binary("add", b.binary("multiply", x, y), b.unary("sqrt", b.unary("abs", y)));
+    Value d = b.binary("divide", m, b.binary("subtract", x, b.splat(3.0, x.type)));
+    Value s = b.select(b.compare(hlo::Cmp::LT, x, y), d, b.unary("negate", x));
+    return b.reshape(b.transpose(b.convert(s, DType::BF16), {1, 0}), {32});
+  }));
+  EXPECT_FALSE(exact([](Builder& b, Value x, Value y) { return b.unary("tanh", x); }));
+  EXPECT_FALSE(exact([](Builder& b, Value x, Value y) { return b.unary("exponential", y); }));
+  EXPECT_FALSE(exact([](Builder& b, Value x, Value y) { return b.unary("log_plus_one", y); }));
+  EXPECT_FALSE(exact([](Builder& b, Value x, Value y) { return b.unary("rsqrt", y); }));
+  EXPECT_FALSE(exact([](Builder& b, Value x, Value y) {
+    return b.reduce(x, b.constant(0.0, DType::F32), {0}, Reducer::Add);
+  }));
+  EXPECT_FALSE(exact([](Builder& b, Value x, Value y) {
+    return b.dot_general(x, y, {}, {}, {0}, {0}, DType::F32);
+  }));
+  // Any op of another dialect counts as inexact.
+  EXPECT_FALSE(module_work("  %0 = chlo.erf %arg0 : tensor<8xf32>").exact);
+  EXPECT_TRUE(module_work("  %0 = stablehlo.add %arg0, %arg0 : tensor<8xf32>").exact);
+}
+
 // The loop and dot sizes and region ops the runtime picks compile settings by.
 TEST(HloText, ModuleWorkCountsLoopsAndDots) {
   {  // An elementwise op and a reduction: their operands and results.

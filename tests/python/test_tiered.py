@@ -1,11 +1,12 @@
 """Cheaper builds. Small programs, and larger ones without reductions, sorts or
 scatters, get cheaper compile settings for good (XLA:CPU), counted as quick
-compiles. Tiered compiles (opt-in, TORCHTPU_TIERED_COMPILE=1): a larger program
-the cache has no final build of is compiled quick first, then replaced by the
-final build once it has run a few times (compiled in the
-background). Values change at most in the last bits across the swap (none under
-deterministic algorithms), and the next process finds the optimized builds in the
-disk cache."""
+compiles. Tiered compiles: a larger program the cache has no final build of is
+compiled quick first, then replaced by the final build once it has run a few times
+(compiled in the background). By default only programs whose two builds agree bit
+for bit tier (IEEE-exact arithmetic and data movement: AdamW's foreach ops);
+TORCHTPU_TIERED_COMPILE=1 tiers every larger program, where values change at most
+in the last bits across the swap (none under deterministic algorithms), and =0
+none. The next process finds the optimized builds in the disk cache."""
 
 from __future__ import annotations
 
@@ -90,10 +91,45 @@ def test_programs_run_once_are_never_recompiled(tmp_path):
     [{"env": {"TORCHTPU_TIERED_COMPILE": ""}}, {"deterministic": True}],
     ids=["default", "deterministic"],
 )
-def test_off_by_default_and_under_deterministic_algorithms(tmp_path, how):
+def test_inexact_programs_untiered_by_default_and_all_under_deterministic_algorithms(
+    tmp_path, how
+):
     m = run(tmp_path, **how)
     assert m["quick"] == 0 and m["tier_ups"] == 0 and m["compiles"] > 0, m
     assert m["same"] and m["close"], m
+
+
+# A program of exact arithmetic (lerp: multiplies, adds, a select) and one with a
+# transcendental function (tanh), each run a few times, then again after the
+# background compiles: tier-ups and the result's bits.
+EXACT = """
+import json, torch, torchtpu
+torch.manual_seed(0)
+a, b = torch.randn(300, 40).to("tpu"), torch.randn(300, 40).to("tpu")
+out = {}
+for name, f in (("exact", lambda: torch.lerp(a, b, 0.3)), ("rounded", lambda: torch.tanh(a))):
+    before = torchtpu.metrics()["tier_ups"]
+    runs = [f().cpu() for _ in range(4)]
+    torchtpu._C.wait_tier_ups()
+    runs.append(f().cpu())
+    out[name] = torchtpu.metrics()["tier_ups"] - before
+    out[name + "_same"] = all(torch.equal(runs[0], r) for r in runs)
+    out[name + "_bits"] = runs[-1].view(torch.int32).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_exact_programs_tier_by_default_with_the_same_bits(tmp_path):
+    run_exact = lambda d, env: json.loads(  # noqa: E731
+        check_py(EXACT, {"TORCHTPU_CACHE_DIR": str(tmp_path / d), **env}).stdout.splitlines()[-1]
+    )
+    m = run_exact("a", {"TORCHTPU_TIERED_COMPILE": ""})
+    assert m["exact"] >= 1 and m["rounded"] == 0, {k: m[k] for k in ("exact", "rounded")}
+    assert m["exact_same"] and m["rounded_same"]
+    off = run_exact("b", {"TORCHTPU_TIERED_COMPILE": "0"})
+    assert off["exact"] == 0 and off["rounded"] == 0
+    # The quick and the final build of the exact program agree with the untiered one.
+    assert m["exact_bits"] == off["exact_bits"] and m["rounded_bits"] == off["rounded_bits"]
 
 
 # Small and large programs in one mode: how many compiled quick, and whether
@@ -145,12 +181,12 @@ def test_small_programs_get_the_cheaper_build(tmp_path, mode):
     assert again["small_bits"] == m["small_bits"], (again, m)
 
 
-def dumped_builds(tmp_path, xla_flags=""):
-    """Runs SMALL in Strict with XLA's dumps on; for each compiled program, whether
-    it got the small build (level 1), the LLVM options XLA used for it and whether
-    its LLVM module was compiled in one part."""
+def dumped_builds(tmp_path, xla_flags="", mode="strict"):
+    """Runs SMALL with XLA's dumps on; for each compiled program, whether it got the
+    small build (level 1), the LLVM options XLA used for it and whether its LLVM
+    module was compiled in one part."""
     dump = tmp_path / "dump"
-    run_small(tmp_path / "cache", "strict", {"XLA_FLAGS": f"{xla_flags} --xla_dump_to={dump}"})
+    run_small(tmp_path / "cache", mode, {"XLA_FLAGS": f"{xla_flags} --xla_dump_to={dump}"})
     builds = []
     for f in sorted(dump.glob("*.debug_options")):
         text = f.read_text()
@@ -168,9 +204,13 @@ def test_small_builds_skip_llvm_loop_unrolling_and_vectorizing(tmp_path):
     assert small and other, builds
     assert all(llvm == ours for llvm in small), builds
     assert all(not llvm for llvm in other), builds
-    # Small programs' LLVM modules compile in one part, larger ones in XLA's parallel
-    # parts.
-    assert all(one_part == is_small for is_small, _, one_part in builds), builds
+    # Strict's per-op programs compile their LLVM modules in one part (several
+    # compile at once on the async threads); Fused graphs larger than small ones
+    # in XLA's parallel parts.
+    assert all(one_part for _, _, one_part in builds), builds
+    graphs = dumped_builds(tmp_path / "fused", mode="fused")
+    assert any(not is_small for is_small, _, _ in graphs), graphs
+    assert all(one_part == is_small for is_small, _, one_part in graphs), graphs
     # A user's own LLVM options reach every build, ours none.
     mine = dumped_builds(
         tmp_path / "mine", "--xla_backend_extra_options=xla_cpu_disable_slp_vectorizer"
