@@ -91,9 +91,7 @@ def test_programs_run_once_are_never_recompiled(tmp_path):
     [{"env": {"TORCHTPU_TIERED_COMPILE": ""}}, {"deterministic": True}],
     ids=["default", "deterministic"],
 )
-def test_inexact_programs_untiered_by_default_and_all_under_deterministic_algorithms(
-    tmp_path, how
-):
+def test_inexact_programs_untiered_by_default_and_all_under_deterministic_algorithms(tmp_path, how):
     m = run(tmp_path, **how)
     assert m["quick"] == 0 and m["tier_ups"] == 0 and m["compiles"] > 0, m
     assert m["same"] and m["close"], m
@@ -119,14 +117,16 @@ print(json.dumps(out))
 """
 
 
+def run_exact(cache_dir, tiered: str) -> dict:
+    env = {"TORCHTPU_CACHE_DIR": str(cache_dir), "TORCHTPU_TIERED_COMPILE": tiered}
+    return json.loads(check_py(EXACT, env).stdout.strip().splitlines()[-1])
+
+
 def test_exact_programs_tier_by_default_with_the_same_bits(tmp_path):
-    run_exact = lambda d, env: json.loads(  # noqa: E731
-        check_py(EXACT, {"TORCHTPU_CACHE_DIR": str(tmp_path / d), **env}).stdout.splitlines()[-1]
-    )
-    m = run_exact("a", {"TORCHTPU_TIERED_COMPILE": ""})
+    m = run_exact(tmp_path / "a", "")
     assert m["exact"] >= 1 and m["rounded"] == 0, {k: m[k] for k in ("exact", "rounded")}
     assert m["exact_same"] and m["rounded_same"]
-    off = run_exact("b", {"TORCHTPU_TIERED_COMPILE": "0"})
+    off = run_exact(tmp_path / "b", "0")
     assert off["exact"] == 0 and off["rounded"] == 0
     # The quick and the final build of the exact program agree with the untiered one.
     assert m["exact_bits"] == off["exact_bits"] and m["rounded_bits"] == off["rounded_bits"]
