@@ -144,8 +144,14 @@ std::vector<Value> reduce_sums(Builder& b, const std::vector<Value>& xs,
     const int64_t d = dims[k - 1], n = s[d];
     const double want = target / static_cast<double>(inner);
     int64_t q = 1;
-    for (int64_t c = 2; c < n; ++c)
-      if (n % c == 0 && std::abs(std::log(c / want)) < std::abs(std::log(q / want))) q = c;
+    auto consider = [&](int64_t c) {
+      if (c > 1 && c < n && std::abs(std::log(c / want)) < std::abs(std::log(q / want))) q = c;
+    };
+    for (int64_t c = 2; c * c <= n; ++c)
+      if (n % c == 0) {
+        consider(c);
+        consider(n / c);
+      }
     if (q > 1) {
       s[d] = n / q;
       s.insert(s.begin() + d + 1, q);
