@@ -589,7 +589,8 @@ def print_cold_start(models: tuple[str, ...] = ("cnn", "gpt", "mnv3")) -> None:
     """First training step in a fresh process with an empty compile cache, with tiered
     compiles for every program (TORCHTPU_TIERED_COMPILE=1: quick builds first), for
     exact programs only (the default) and for none (=0), and without async compiles
-    (TORCHTPU_ASYNC_COMPILE=0: each compile waited for where it is needed). MobileNetV3-Small also gets the torch CPU eager reference and rows
+    (TORCHTPU_ASYNC_COMPILE=0: each compile waited for where it is needed).
+    MobileNetV3-Small also gets the torch CPU eager reference and rows
     with one compile thread (TORCHTPU_COMPILE_THREADS=1; the default is the cores), so
     the speed-up from more cores shows."""
     cores = os.cpu_count() or 1
