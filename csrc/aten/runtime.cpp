@@ -2,6 +2,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
@@ -206,7 +207,17 @@ void drain_autograd_device_thread() {
   if (!runtime_started()) return;
   // Tensors made here have no Python objects, and nothing is computed: the
   // finished task holds nothing whose release needs the GIL.
-  // PyTorch runs one device thread per device index.
+  // PyTorch runs one device thread per device index. The importing thread runs
+  // its own backward passes (torchtpu/__init__.py); this one must reach the
+  // device threads that other threads' passes used.
+  c10::AutogradState& state = c10::AutogradState::get_tls_state();
+  const bool was = state.get_multithreading_enabled();
+  state.set_multithreading_enabled(true);
+  struct Restore {
+    c10::AutogradState& s;
+    bool v;
+    ~Restore() { s.set_multithreading_enabled(v); }
+  } restore{state, was};
   for (int i = 0; i < device_count(); ++i) {
     auto opts = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, i));
     at::Tensor x = at::empty({}, opts).requires_grad_(true);
