@@ -9,9 +9,12 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "pjrt/tuning.h"
 
 namespace torchtpu::pjrt {
 namespace {
@@ -482,6 +485,31 @@ TEST(PjrtCompileOptions, PluginAppliesOverrides) {
   fs::remove_all(dir);
   EXPECT_THROW(cpu_client()->compile(kAddProgram, {.overrides = {{"no_such_xla_option", true}}}),
                Error);
+}
+
+// An override the plugin's XLA lacks is learned from the compile error and
+// left out of the retry and of later builds; other errors are not retried.
+TEST(PjrtCompileOptions, TuningOverridesLeaveOutWhatThePluginLacks) {
+  TuningOverrides tuning;
+  const CompileOptions asked{
+      .overrides = {{"xla_backend_optimization_level", int64_t{1}}, {"no_such_xla_option", true}}};
+  CompileOptions o = tuning.known(asked);
+  ASSERT_EQ(o.overrides.size(), 2u);
+  std::string error;
+  try {
+    cpu_client()->compile(kAddProgram, o);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  ASSERT_TRUE(tuning.learn(error, o)) << error;
+  EXPECT_EQ(tuning.missing(), std::set<std::string>{"no_such_xla_option"});
+  o = tuning.known(asked);
+  ASSERT_EQ(o.overrides.size(), 1u);
+  EXPECT_EQ(o.overrides[0].name, "xla_backend_optimization_level");
+  expect_add_runs_on(*cpu_client()->compile(kAddProgram, o), 0);
+  // Not an override of these options, or not that error: the build fails as it is.
+  EXPECT_FALSE(tuning.learn(error, CompileOptions{}));
+  EXPECT_FALSE(tuning.learn("PJRT_Client_Compile: parse error", asked));
 }
 
 }  // namespace

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "pjrt/pjrt.h"
+#include "pjrt/tuning.h"
 
 namespace torchtpu::pjrt {
 namespace {
@@ -83,6 +85,39 @@ TEST(NewerPlugin, ErrorsCarryThePluginMessage) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("PJRT_Client_Compile"), std::string::npos) << e.what();
   }
+}
+
+// jaxlib 0.11.2's XLA has no xla_cpu_use_fusion_emitters, an override our
+// builds send: the build goes on without it.
+TEST(NewerPlugin, BuildsWithoutTuningOverridesItLacks) {
+  NEED_PLUGIN(plugin);
+  auto client = Client::create(plugin, {{"cpu_device_count", int64_t{1}}});
+  const char* program = R"(module {
+  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.add %a, %a : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+})";
+  const CompileOptions asked{.overrides = {{"xla_backend_optimization_level", int64_t{1}},
+                                           {"xla_cpu_use_fusion_emitters", false}}};
+  TuningOverrides tuning;
+  ExecutablePtr exe;
+  for (int tries = 0; !exe && tries < 3; ++tries) {
+    CompileOptions o = tuning.known(asked);
+    try {
+      exe = client->compile(program, o);
+    } catch (const Error& e) {
+      ASSERT_TRUE(tuning.learn(e.what(), o)) << e.what();
+    }
+  }
+  ASSERT_TRUE(exe);
+  EXPECT_EQ(tuning.missing(), std::set<std::string>{"xla_cpu_use_fusion_emitters"});
+  std::vector<float> a{1, 2, 3, 4}, got(4);
+  std::vector<int64_t> dims{4};
+  auto ba = client->buffer_from_host(a.data(), DType::F32, dims, 0);
+  Buffer* args[] = {ba.get()};
+  exe->execute(args, 0)[0]->to_host(got.data(), got.size() * sizeof(float));
+  EXPECT_EQ(got, (std::vector<float>{2, 4, 6, 8}));
 }
 
 }  // namespace
