@@ -23,7 +23,6 @@
 #include "cache/compile_cache.h"
 #include "hlo/work.h"
 #include "lower/types.h"
-#include "pjrt/tuning.h"
 
 namespace torchtpu::aten {
 
@@ -168,35 +167,14 @@ const pjrt::CompileOptions& default_options_one_part() {
 // What XLA gets for a build: small programs and quick builds keep the LLVM
 // options XLA_FLAGS gives them (no loop unrolling or vectorization: about 1.7x
 // less compile time at these sizes); every other build clears them.
-// Overrides the plugin lacks are left out (pjrt::TuningOverrides).
-pjrt::TuningOverrides& tuning() {
-  static auto* t = new pjrt::TuningOverrides();  // leaked: compiles may run during exit
-  return *t;
-}
-
 pjrt::CompileOptions xla_build(const pjrt::CompileOptions& o) {
-  if (&o == &small_options() || &o == &cpu_quick_options() || !small_llvm_flags())
-    return tuning().known(o);
+  if (&o == &small_options() || &o == &cpu_quick_options() || !small_llvm_flags()) return o;
   pjrt::CompileOptions full = o;
   full.overrides.push_back({"xla_backend_extra_options", std::string()});
-  return tuning().known(full);
+  return full;
 }
 
 cache::CompileCache& program_cache() { return cache::process_cache(client_ptr()); }
-
-// The build of `mlir` with `o` through the cache; a plugin built from another
-// XLA that lacks one of the tuning overrides builds it without that one.
-pjrt::ExecutablePtr cached_build(const std::string& mlir, const pjrt::CompileOptions& o,
-                                 cache::Source* source) {
-  for (;;) {
-    pjrt::CompileOptions x = xla_build(o);
-    try {
-      return program_cache().get(mlir, x, source);
-    } catch (const std::exception& e) {
-      if (!tuning().learn(e.what(), x)) throw;
-    }
-  }
-}
 
 bool cpu_builds_on() {
   static const bool on = !small_builds_off() && client().platform_name() == "cpu";
@@ -302,7 +280,8 @@ class TierUps {
     try {
       cache::Source source;
       auto t0 = std::chrono::steady_clock::now();
-      pjrt::ExecutablePtr exe = cached_build(e.quick_mlir, *e.final_options, &source);
+      pjrt::ExecutablePtr exe =
+          program_cache().get(e.quick_mlir, xla_build(*e.final_options), &source);
       if (source == cache::Source::Compiled) {
         metrics().tier_up_compiles++;
         metrics().tier_up_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -418,7 +397,7 @@ pjrt::ExecutablePtr counted(cache::Source source, pjrt::ExecutablePtr exe,
 pjrt::ExecutablePtr compile_cached(const std::string& mlir, const pjrt::CompileOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   cache::Source source;
-  pjrt::ExecutablePtr exe = cached_build(mlir, options, &source);
+  pjrt::ExecutablePtr exe = program_cache().get(mlir, xla_build(options), &source);
   return counted(source, std::move(exe), t0);
 }
 
@@ -428,7 +407,7 @@ namespace {
 pjrt::ExecutablePtr quick_build(const std::string& mlir, const pjrt::CompileOptions& options,
                                 std::chrono::steady_clock::time_point t0) {
   cache::Source source;
-  pjrt::ExecutablePtr exe = cached_build(mlir, options, &source);
+  pjrt::ExecutablePtr exe = program_cache().get(mlir, xla_build(options), &source);
   if (source == cache::Source::Compiled) metrics().quick_compiles++;
   return counted(source, std::move(exe), t0);
 }

@@ -132,6 +132,19 @@ Digest runtime_identity(const pjrt::Client& client) {
   return h.finish();
 }
 
+pjrt::ExecutablePtr CompileCache::with_known_overrides(
+    const pjrt::CompileOptions& options,
+    const std::function<pjrt::ExecutablePtr(const pjrt::CompileOptions&)>& build) {
+  for (;;) {
+    pjrt::CompileOptions known = tuning_.known(options);
+    try {
+      return build(known);
+    } catch (const std::exception& e) {
+      if (!tuning_.learn(e.what(), known)) throw;
+    }
+  }
+}
+
 CompileCache::CompileCache(pjrt::ClientPtr client, Config config, CompileFn compile)
     : client_(std::move(client)), config_(std::move(config)), compile_(std::move(compile)) {
   if (!compile_) {
@@ -302,7 +315,9 @@ pjrt::ExecutablePtr CompileCache::load_pack(const Digest& key,
   }
   pjrt::ExecutablePtr exe;
   try {
-    exe = client_->deserialize(entry.payload, options);
+    exe = with_known_overrides(options, [&](const pjrt::CompileOptions& o) {
+      return client_->deserialize(entry.payload, o);
+    });
   } catch (const std::exception&) {
     errors_++;  // Checksum fine but the plugin rejects it: compiled instead.
     return nullptr;
@@ -369,7 +384,9 @@ std::optional<CompileCache::Loaded> CompileCache::load(Tier& tier, const Digest&
   }
   Loaded out;
   try {
-    out.exe = client_->deserialize(r.entry.payload, options);
+    out.exe = with_known_overrides(options, [&](const pjrt::CompileOptions& o) {
+      return client_->deserialize(r.entry.payload, o);
+    });
   } catch (const std::exception&) {
     // Checksum fine but the plugin rejects it: treat like any bad entry.
     errors_++;
@@ -386,7 +403,9 @@ pjrt::ExecutablePtr CompileCache::compile_and_store(const Digest& key, const std
                                                     const pjrt::CompileOptions& options) {
   auto t0 = Clock::now();
   std::optional<std::string> translated = translate_source(mlir);
-  pjrt::ExecutablePtr exe = compile_(translated ? *translated : mlir, options);
+  pjrt::ExecutablePtr exe = with_known_overrides(options, [&](const pjrt::CompileOptions& o) {
+    return compile_(translated ? *translated : mlir, o);
+  });
   double dt = seconds_since(t0);
   misses_++;
   add_seconds(compile_ns_, dt);

@@ -18,6 +18,7 @@
 #include "cache/disk_store.h"
 #include "cache/pack.h"
 #include "pjrt/pjrt.h"
+#include "pjrt/tuning.h"
 
 namespace torchtpu::cache {
 
@@ -104,10 +105,16 @@ class CompileCache {
   void store(Tier& tier, const Digest& key, const StoredEntry& entry);
   void degrade(Tier& tier, const std::string& why, bool reads_too);
   void add_seconds(std::atomic<int64_t>& counter, double seconds);
+  // `build` with `options` less the tuning overrides the plugin lacks, learned
+  // from its errors (pjrt::TuningOverrides). Keys keep the options asked for.
+  pjrt::ExecutablePtr with_known_overrides(
+      const pjrt::CompileOptions& options,
+      const std::function<pjrt::ExecutablePtr(const pjrt::CompileOptions&)>& build);
 
   pjrt::ClientPtr client_;
   Config config_;
   CompileFn compile_;
+  pjrt::TuningOverrides tuning_;
   Digest identity_;  // plugin file, versions and (on CPU) host CPU features
   Tier local_, shared_;
   std::once_flag packs_opened_;

@@ -166,6 +166,25 @@ TEST(CompileCacheDisk, RoundTripAcrossInstances) {
   EXPECT_GT(s.saved_seconds, 0.0);
 }
 
+// A tuning override the plugin lacks: the build and a later process's load go
+// on without it, under the key of the options asked for.
+TEST(CompileCacheDisk, OverridesThePluginLacksAreLeftOut) {
+  TempDir dir;
+  const pjrt::CompileOptions asked{.overrides = {{"no_such_xla_option", true}}};
+  {
+    CompileCache writer(cpu_client(), local_config(dir));
+    expect_adds(*writer.get(add_program(2), asked));
+    EXPECT_EQ(writer.stats().misses, 1);
+    EXPECT_EQ(writer.disk_usage().entries, 1);
+  }
+  CompileCache reader(cpu_client(), local_config(dir));
+  expect_adds(*reader.get(add_program(2), asked));
+  Stats s = reader.stats();
+  EXPECT_EQ(s.disk_hits, 1);
+  EXPECT_EQ(s.misses, 0);
+  EXPECT_EQ(s.errors, 0);
+}
+
 // Writes add_program(2)'s entry, damages it with `corrupt`, and checks that a
 // new cache ignores it, counts an error, recompiles and repairs the entry.
 template <class Fn>
