@@ -53,18 +53,12 @@ std::string Builder::reducer_region(Reducer r, DType dt, size_t n) {
 }
 
 Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, Reducer r) {
-  check_dims("reduce", dims, x.rank());
-  if (init.rank() != 0 || init.dtype() != x.dtype())
-    fail("reduce", "init " + init.type.str() + " for " + x.type.str());
-  std::string body = reducer_region(r, x.dtype());
-  return op("reduce", {x, init}, "dimensions = " + arr(dims),
-            Type{x.dtype(), drop_dims(x.shape(), dims)}, body);
+  return reduce_each({x}, init, dims, r)[0];
 }
 
 std::vector<Value> Builder::reduce_each(const std::vector<Value>& xs, Value init,
                                         const std::vector<int64_t>& dims, Reducer r) {
   if (xs.empty()) return {};
-  if (xs.size() == 1) return {reduce(xs[0], init, dims, r)};
   const Type& t = xs[0].type;
   check_dims("reduce", dims, t.rank());
   if (init.rank() != 0 || init.dtype() != t.dtype)
