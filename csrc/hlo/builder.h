@@ -260,7 +260,11 @@ class Builder {
            const Type& out, const std::string& region = {});
   // A one-block region whose body is built with this builder's own emitters.
   std::string region(const std::vector<Type>& args, const Body& body);
+  // The reducer as its one op (collectives: XLA recognizes their reduction by it).
   std::string reducer_region(Reducer r, DType dtype, size_t n = 1);
+  // The reducer of reduce and reduce_window: float max and min as compare and
+  // select (builder_index.cpp says why).
+  std::string fold_region(Reducer r, DType dtype, size_t n = 1);
   Value coords(Value idx, int64_t dim, int64_t rank);  // idx.shape + [rank] i64 coordinates
   Value gather(Value x, Value idx, const std::vector<int64_t>& offset_dims,
                const std::vector<int64_t>& dims, int64_t index_vector_dim, const Shape& slice_sizes,

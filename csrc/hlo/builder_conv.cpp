@@ -128,7 +128,7 @@ Value Builder::reduce_window_dilated(Value x, Value init, Reducer r, const Shape
   if (init.rank() != 0 || init.dtype() != x.dtype())
     fail("reduce_window", "init " + init.type.str() + " for " + x.type.str());
   Window w = window_for("reduce_window", x.type, window, strides, dilations, pad_lo, pad_hi);
-  std::string body = reducer_region(r, x.dtype());
+  std::string body = fold_region(r, x.dtype());
   return op("reduce_window", {x, init}, w.attrs, Type{x.dtype(), w.out}, body);
 }
 

@@ -52,6 +52,23 @@ std::string Builder::reducer_region(Reducer r, DType dt, size_t n) {
   });
 }
 
+// XLA:CPU runs a float maximum/minimum reducer as a slow scalar loop: amax
+// over the rows of a [256, 256] float tensor took 340 us, the same reduce
+// with this body 25 us. NaN still wins from either side, as in torch.
+std::string Builder::fold_region(Reducer r, DType dt, size_t n) {
+  if (!is_float(dt) || (r != Reducer::Max && r != Reducer::Min)) return reducer_region(r, dt, n);
+  return region(std::vector<Type>(2 * n, Type{dt, {}}), [&](const std::vector<Value>& a) {
+    std::vector<Value> out;
+    for (size_t i = 0; i < n; ++i) {
+      Value x = a[i], y = a[n + i];
+      Value wins = binary("or", compare(r == Reducer::Max ? Cmp::GT : Cmp::LT, x, y),
+                          compare(Cmp::NE, x, x));
+      out.push_back(select(wins, x, y));
+    }
+    return out;
+  });
+}
+
 Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, Reducer r) {
   return reduce_each({x}, init, dims, r)[0];
 }
@@ -66,7 +83,7 @@ std::vector<Value> Builder::reduce_each(const std::vector<Value>& xs, Value init
   for (const Value& x : xs)
     if (x.type != t) fail("reduce", "operands " + t.str() + " and " + x.type.str() + " differ");
   const size_t n = xs.size();
-  std::string body = reducer_region(r, t.dtype, n);
+  std::string body = fold_region(r, t.dtype, n);
   std::vector<Value> args = xs;
   args.insert(args.end(), n, init);
   std::vector<Type> outs(n, Type{t.dtype, drop_dims(t.shape, dims)});
@@ -125,7 +142,7 @@ Value Builder::reduce_window(Value x, Value init, Reducer r, const Shape& window
   pad += "]> : tensor<" + std::to_string(n) + "x2xi64>";
   std::string attrs = "window_dimensions = " + arr(window) + ", window_strides = " + arr(st);
   if (padded) attrs += ", " + pad;
-  std::string body = reducer_region(r, x.dtype());
+  std::string body = fold_region(r, x.dtype());
   return op("reduce_window", {x, init}, attrs, out, body);
 }
 

@@ -459,6 +459,35 @@ TEST(HloRun, ReduceArgTiesAndNan) {
   expect_vec<int64_t>(out[8], {4}, {3, 1, 1, 1});
 }
 
+// Float max/min reduces fold by compare and select (XLA:CPU runs a maximum
+// reducer as a slow scalar loop); NaN must still win from any position.
+TEST(HloRun, FloatMaxMinFoldBySelectAndKeepNan) {
+  float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  Host x = f32({4, 3}, {nan, 1, 2, 1, nan, 2, 1, 2, nan, -inf, -inf, -inf});
+  auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {
+    Value lo = b.constant(-kInf, DType::F32), hi = b.constant(kInf, DType::F32);
+    std::vector<Value> both = b.reduce_each({p[0], p[0]}, lo, {1}, Reducer::Max);
+    return std::vector<Value>{b.reduce(p[0], lo, {1}, Reducer::Max),
+                              b.reduce(p[0], hi, {1}, Reducer::Min), both[1],
+                              b.reduce_window(p[0], lo, Reducer::Max, {1, 2}, {}, {}, {}),
+                              b.reduce(p[0], hi, {0}, Reducer::Min)};
+  });
+  expect_vec<float>(out[0], {4}, {nan, nan, nan, -inf});
+  expect_vec<float>(out[1], {4}, {nan, nan, nan, -inf});
+  expect_vec<float>(out[2], {4}, {nan, nan, nan, -inf});
+  expect_vec<float>(out[3], {4, 2}, {nan, 2, nan, nan, 2, nan, -inf, -inf});
+  expect_vec<float>(out[4], {3}, {nan, nan, nan});
+  Builder b;
+  Value a = b.param(Type{DType::F32, {2, 3}}), i = b.param(Type{DType::I32, {2, 3}});
+  b.ret({b.reduce(a, b.constant(-kInf, DType::F32), {1}, Reducer::Max),
+         b.reduce(i, b.constant_int(0, DType::I32), {1}, Reducer::Max)});
+  std::string m = b.module();
+  EXPECT_NE(m.find("stablehlo.select"), std::string::npos) << m;
+  // Integers have no NaN: their reduce keeps the one op.
+  EXPECT_EQ(m.find("stablehlo.maximum"), m.rfind("stablehlo.maximum")) << m;
+  EXPECT_NE(m.find("stablehlo.maximum"), std::string::npos) << m;
+}
+
 TEST(HloRun, ReduceWindow) {
   Host x = f32({2, 4}, {1, 3, 2, 5, 4, 0, 6, 1});
   auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {
