@@ -475,6 +475,17 @@ Value Builder::chlo(const char* opname, const std::vector<Value>& args, const Ty
   return emit("\"chlo." + s.substr(std::string_view("\"stablehlo.").size()), out);
 }
 
+std::pair<Value, Value> Builder::top_k(Value x, int64_t k) {
+  if (x.rank() < 1 || k < 0 || k > x.shape().back())
+    fail("top_k", "k " + std::to_string(k) + " for " + x.type.str());
+  Shape s = x.shape();
+  s.back() = k;
+  std::vector<Type> outs{Type{x.dtype(), s}, Type{DType::I32, s}};
+  std::string g = generic("top_k", {x}, "k = " + std::to_string(k) + " : i64", outs);
+  auto r = emit_multi("\"chlo." + g.substr(std::string_view("\"stablehlo.").size()), outs);
+  return {r[0], r[1]};
+}
+
 Value Builder::binary(const char* opname, Value a, Value b) {
   if (!(a.type == b.type))
     fail(opname, "operand types differ: " + a.type.str() + " vs " + b.type.str());

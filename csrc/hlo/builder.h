@@ -92,6 +92,9 @@ class Builder {
   // A CHLO op ("lgamma", "digamma", "polygamma", "zeta", ...) that the plugin
   // legalizes to StableHLO itself; operands of identical shapes.
   Value chlo(const char* op, const std::vector<Value>& args, const Type& out);
+  // chlo.top_k: the k largest along the last dim, in descending order, ties by
+  // lower index; (values, I32 indices). XLA:CPU runs F32 as a partial sort.
+  std::pair<Value, Value> top_k(Value x, int64_t k);
   Value bitcast_convert(Value x, DType to);  // same itemsize only
   // Reinterprets the bytes of a rank-1 value as another dtype (any element
   // sizes; bool is read as one byte per element; complex as its interleaved

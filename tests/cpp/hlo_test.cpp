@@ -488,6 +488,19 @@ TEST(HloRun, FloatMaxMinFoldBySelectAndKeepNan) {
   EXPECT_NE(m.find("stablehlo.maximum"), std::string::npos) << m;
 }
 
+TEST(HloRun, TopKIsDescendingWithTiesByIndex) {
+  Host x = f32({2, 4}, {1, 5, 5, -2, 0, -1, 3, 3});
+  auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {
+    auto [v, i] = b.top_k(p[0], 3);
+    return std::vector<Value>{v, i};
+  });
+  expect_vec<float>(out[0], {2, 3}, {5, 5, 1, 3, 3, 0});
+  expect_vec<int32_t>(out[1], {2, 3}, {1, 2, 0, 2, 3, 0});
+  Builder b;
+  Value a = b.param(Type{DType::F32, {2, 4}});
+  EXPECT_NE(build_error([&] { b.top_k(a, 5); }).find("top_k"), std::string::npos);
+}
+
 TEST(HloRun, ReduceWindow) {
   Host x = f32({2, 4}, {1, 3, 2, 5, 4, 0, 6, 1});
   auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {

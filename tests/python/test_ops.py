@@ -95,6 +95,8 @@ class Op:
 
 BF16_TOL = {"rtol": 1.6e-2, "atol": 1e-2}  # bf16: 8-bit mantissa, other summation order
 
+nan, inf = float("nan"), float("inf")
+
 _perm = torch.tensor([[2, 0], [1, 3], [0, 2]])  # distinct indices per row (deterministic scatter)
 
 OPS = [
@@ -277,6 +279,19 @@ OPS = [
     ),
     Op("sort", lambda x: torch.sort(x, 1), (f(3, 4),)),
     Op("topk", lambda x: torch.topk(x, 2, 1), (f(3, 4),)),
+    Op("topk_dim0", lambda x: torch.topk(x.t(), 3, 0), (f(3, 4),)),
+    Op("topk_middle_dim", lambda x: torch.topk(x, 2, 1), (f(2, 5, 3),)),
+    Op("topk_smallest", lambda x: torch.topk(x, 2, 1, largest=False), (f(3, 4),)),
+    Op("topk_whole_row", lambda x: torch.topk(x, 4, 1), (f(3, 4),)),
+    Op("topk_bf16", lambda x: torch.topk(x, 2, 1), (f(3, 4, dtype=torch.bfloat16),)),
+    # NaN of either sign ranks above +inf, as in torch; +0 above -0.
+    Op(
+        "topk_nan_and_zeros",
+        lambda x: torch.topk(x, 4, 1),
+        (const(torch.tensor([[1, nan, 3, inf, -nan, 2], [-0.0, 0.0, -0.0, 0.0, -1, -2]])),),
+        grad=False,
+        tol={"equal_nan": True},
+    ),
     # ---- casts
     Op("to_float64", lambda x: x.double() * 2, (f(3, 4),)),
     Op("to_bf16", lambda x: x.to(torch.bfloat16), (f(3, 4),)),
