@@ -488,6 +488,23 @@ TEST(HloRun, FloatMaxMinFoldBySelectAndKeepNan) {
   EXPECT_NE(m.find("stablehlo.maximum"), std::string::npos) << m;
 }
 
+// Float and int arg-reductions are two one-value reduces (the extreme, then the
+// least index holding it), not one variadic reduce with a comparator.
+TEST(HloText, ReduceArgIsTwoPlainReduces) {
+  for (DType t : {DType::F32, DType::I32}) {
+    Builder b;
+    auto [v, i] = b.reduce_arg(b.param(Type{t, {4, 6}}), 1, true);
+    b.ret({v, i});
+    std::string m = b.module();
+    size_t reduces = 0;
+    for (size_t at = m.find("\"stablehlo.reduce\""); at != std::string::npos;
+         at = m.find("\"stablehlo.reduce\"", at + 1))
+      ++reduces;
+    EXPECT_EQ(reduces, 2u) << m;
+    EXPECT_EQ(m.find(":2 = \"stablehlo.reduce\""), std::string::npos) << m;
+  }
+}
+
 TEST(HloRun, TopKIsDescendingWithTiesByIndex) {
   Host x = f32({2, 4}, {1, 5, 5, -2, 0, -1, 3, 3});
   auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {
