@@ -240,6 +240,23 @@ def test_convolution_backward_output_mask(mask: tuple[bool, bool, bool]) -> None
             assert_tpu_close(a, e, **CONV_TOL)
 
 
+@pytest.mark.parametrize(
+    "kernel,stride,pad,dil,ceil", [(3, 2, 1, 1, False), (2, 2, 0, 1, True), (3, 1, 1, 2, True)]
+)
+def test_max_pool2d_indices_edges(kernel, stride, pad, dil, ceil, eager: str) -> None:
+    """Indices as torch reports them: ties to the first position, the last NaN,
+    windows of -inf next to padding."""
+    x = torch.randn(2, 3, 9, 10)
+    x[0, 0, 2, 3] = x[0, 0, 3, 3] = float("nan")
+    x[0, 2, 4, 4] = x[0, 2, 4, 5] = 9.0
+    x[1, 1] = float("-inf")
+    x[1, 2, :, :4] = float("-inf")
+    args = (kernel, stride, pad, dil, ceil)
+    expected = F.max_pool2d(x, *args, return_indices=True)
+    actual = F.max_pool2d(tpu(x), *args, return_indices=True)
+    assert_tpu_close(actual, expected, equal_nan=True)
+
+
 def test_max_pool2d_nan_propagates() -> None:
     x = torch.randn(1, 1, 4, 4)
     x[0, 0, 1, 1] = float("nan")
