@@ -553,6 +553,7 @@ std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
 }
 
 void track_inflight(const pjrt::BufferPtr& out) {
+  out->watch();  // synchronize() waits for the run even if its outputs are dropped
   std::weak_ptr<pjrt::Buffer> oldest;
   {
     std::lock_guard<std::mutex> lock(inflight_mu);
@@ -580,6 +581,7 @@ void synchronize() {
   }
   for (auto& w : pending)
     if (auto b = w.lock()) b->await_ready();
+  pjrt::await_dropped_producers();
 }
 
 }  // namespace torchtpu::aten

@@ -4,8 +4,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "pjrt/call.h"
 #include "pjrt/pjrt.h"
@@ -73,6 +75,33 @@ Reaper& reaper() {
   return *r;
 }
 
+// Ready events of watched buffers that died before their producer finished.
+struct Dropped {
+  std::mutex mu;
+  std::vector<std::unique_ptr<Event>> events;
+};
+Dropped& dropped() {
+  static auto* d = new Dropped();  // leaked, as the reaper
+  return *d;
+}
+
+void keep_producer(const PJRT_Api* api, PJRT_Buffer* buf) noexcept {
+  try {
+    auto a = TT_ARGS(Buffer_ReadyEvent);
+    a.buffer = buf;
+    TT_CALL(api, Buffer_ReadyEvent, a);
+    auto event = std::make_unique<Event>(api, a.event);
+    if (event->is_ready()) return;
+    Dropped& d = dropped();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.events.size() >= 256)  // a loop that never synchronizes: keep the unfinished
+      std::erase_if(d.events, [](const std::unique_ptr<Event>& e) { return e->is_ready(); });
+    d.events.push_back(std::move(event));
+  } catch (...) {
+    // Without an event there is nothing to wait for; the value is gone anyway.
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<Buffer> Buffer::placeholder(std::shared_ptr<Client> client, DType dtype,
@@ -121,7 +150,26 @@ bool Buffer::filled() const {
 }
 
 Buffer::~Buffer() {
-  if (PJRT_Buffer* b = buf_.load(std::memory_order_acquire)) reaper().push(std::move(client_), b);
+  PJRT_Buffer* b = buf_.load(std::memory_order_acquire);
+  if (b == nullptr) return;
+  if (watched_.load(std::memory_order_relaxed)) keep_producer(client_->api(), b);
+  reaper().push(std::move(client_), b);
+}
+
+size_t await_dropped_producers() {
+  std::vector<std::unique_ptr<Event>> events;
+  {
+    Dropped& d = dropped();
+    std::lock_guard<std::mutex> lock(d.mu);
+    events.swap(d.events);
+  }
+  for (const auto& e : events) {
+    try {
+      e->await("PJRT_Event_Await (a dropped buffer's producer)");
+    } catch (const Error&) {
+    }
+  }
+  return events.size();
 }
 
 int64_t Buffer::numel() const {

@@ -137,6 +137,9 @@ class Buffer {
 
   // Blocks until the buffer's producer finished; throws the execution's error if it failed.
   void await_ready() const;
+  // If this buffer dies before its producer finished, await_dropped_producers()
+  // still waits for that producer (a run whose outputs were all dropped).
+  void watch() const { watched_.store(true, std::memory_order_relaxed); }
   // True when the producer finished (successfully or not); does not block.
   bool is_ready() const;
   // Blocking copy of the whole buffer to host memory (row-major, dst_bytes == nbytes()).
@@ -159,8 +162,13 @@ class Buffer {
   std::vector<int64_t> dims_;
   std::unique_ptr<Pending> pending_;  // placeholders only
   mutable std::atomic<int> queued_uses_{0};
+  mutable std::atomic<bool> watched_{false};
 };
 using BufferPtr = std::shared_ptr<Buffer>;
+
+// Waits for the producers of watched buffers that died unfinished; returns how
+// many it waited for. Their errors go with their values.
+size_t await_dropped_producers();
 
 // One XLA DebugOptions field set for a single compile (by its proto field
 // name, e.g. "xla_backend_optimization_level"), on top of XLA_FLAGS.

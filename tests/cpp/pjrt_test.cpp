@@ -296,6 +296,40 @@ TEST(PjrtBuffer, SmallCpuReadsCopyInPlace) {
   EXPECT_EQ(Buffer::direct_host_reads() - before, 1);
 }
 
+// A [1200, 1200] matmul: its output is not ready right after launch.
+const char kSlowProgram[] = R"(module {
+  func.func public @main(%a: tensor<1200x1200xf32>) -> tensor<1200x1200xf32> {
+    %0 = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<1200x1200xf32>, tensor<1200x1200xf32>) -> tensor<1200x1200xf32>
+    return %0 : tensor<1200x1200xf32>
+  }
+})";
+
+// synchronize() relies on this: a run whose outputs were all dropped can
+// still be awaited through its watched output.
+TEST(PjrtBuffer, DroppedWatchedOutputsProducerIsAwaited) {
+  ClientPtr client = cpu_client();
+  ExecutablePtr exe = client->compile(kSlowProgram);
+  std::vector<float> a(1200 * 1200, 0.5f);
+  std::vector<int64_t> dims = {1200, 1200};
+  BufferPtr ba = client->buffer_from_host(a.data(), DType::F32, dims, 0);
+  Buffer* args[] = {ba.get()};
+  await_dropped_producers();
+  std::vector<BufferPtr> out = exe->execute(args, 0);
+  out[0]->watch();
+  ASSERT_FALSE(out[0]->is_ready());
+  out.clear();
+  EXPECT_EQ(await_dropped_producers(), 1u);
+  EXPECT_EQ(await_dropped_producers(), 0u);
+  // A finished producer leaves nothing to wait for; an unwatched one is not kept.
+  out = exe->execute(args, 0);
+  out[0]->await_ready();
+  out[0]->watch();
+  out = exe->execute(args, 0);
+  EXPECT_EQ(await_dropped_producers(), 0u);
+  out.clear();
+  EXPECT_EQ(await_dropped_producers(), 0u);
+}
+
 TEST(PjrtExecutable, AddRunsOnDevice0And1) {
   ExecutablePtr exe = cpu_client()->compile(kAddProgram);
   EXPECT_EQ(exe->num_outputs(), 1u);
