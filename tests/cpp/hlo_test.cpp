@@ -99,6 +99,12 @@ void expect_vec(const Host& h, const Shape& shape, const std::vector<T>& want) {
   }
 }
 
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 template <class Fn>
 std::string build_error(Fn&& fn) {
   try {
@@ -424,11 +430,7 @@ TEST(HloRun, ReduceEachIsOneVariadicReduce) {
   Value a = b.param(Type{DType::F32, {2, 3}}), c = b.param(Type{DType::F32, {3, 2}});
   b.ret(b.reduce_each({a, a, a}, b.constant(0, DType::F32), {1}, Reducer::Add));
   std::string m = b.module();
-  size_t reduces = 0;
-  for (size_t at = m.find("stablehlo.reduce"); at != std::string::npos;
-       at = m.find("stablehlo.reduce", at + 1))
-    ++reduces;
-  EXPECT_EQ(reduces, 1u) << m;
+  EXPECT_EQ(occurrences(m, "stablehlo.reduce"), 1u) << m;
   EXPECT_NE(build_error([&] {
               b.reduce_each({a, c}, b.constant(0, DType::F32), {0}, Reducer::Add);
             }).find("differ"),
@@ -496,11 +498,7 @@ TEST(HloText, ReduceArgIsTwoPlainReduces) {
     auto [v, i] = b.reduce_arg(b.param(Type{t, {4, 6}}), 1, true);
     b.ret({v, i});
     std::string m = b.module();
-    size_t reduces = 0;
-    for (size_t at = m.find("\"stablehlo.reduce\""); at != std::string::npos;
-         at = m.find("\"stablehlo.reduce\"", at + 1))
-      ++reduces;
-    EXPECT_EQ(reduces, 2u) << m;
+    EXPECT_EQ(occurrences(m, "\"stablehlo.reduce\""), 2u) << m;
     EXPECT_EQ(m.find(":2 = \"stablehlo.reduce\""), std::string::npos) << m;
   }
 }
