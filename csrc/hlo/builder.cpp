@@ -464,6 +464,11 @@ Value Builder::cholesky(Value a, bool lower) {
   return op("cholesky", {a}, lower ? "lower = true" : "lower = false", a.type);
 }
 
+// generic()'s text of an op, moved from the stablehlo dialect to chlo.
+static std::string as_chlo(const std::string& generic_text) {
+  return "\"chlo." + generic_text.substr(std::string_view("\"stablehlo.").size());
+}
+
 Value Builder::chlo(const char* opname, const std::vector<Value>& args, const Type& out) {
   // The CHLO ops we emit are defined on floats (lgamma, digamma, zeta, ...) and
   // some on complex values too (asinh, atanh, ...), never on integers.
@@ -471,8 +476,7 @@ Value Builder::chlo(const char* opname, const std::vector<Value>& args, const Ty
     if (!is_float(a.dtype()) && !is_complex(a.dtype()))
       throw DTypeError(std::string("[hlo] chlo.") + opname +
                        " takes floating-point or complex operands, got " + a.type.str());
-  std::string s = generic(opname, args, "", {out});
-  return emit("\"chlo." + s.substr(std::string_view("\"stablehlo.").size()), out);
+  return emit(as_chlo(generic(opname, args, "", {out})), out);
 }
 
 std::pair<Value, Value> Builder::top_k(Value x, int64_t k) {
@@ -481,8 +485,8 @@ std::pair<Value, Value> Builder::top_k(Value x, int64_t k) {
   Shape s = x.shape();
   s.back() = k;
   std::vector<Type> outs{Type{x.dtype(), s}, Type{DType::I32, s}};
-  std::string g = generic("top_k", {x}, "k = " + std::to_string(k) + " : i64", outs);
-  auto r = emit_multi("\"chlo." + g.substr(std::string_view("\"stablehlo.").size()), outs);
+  auto r =
+      emit_multi(as_chlo(generic("top_k", {x}, "k = " + std::to_string(k) + " : i64", outs)), outs);
   return {r[0], r[1]};
 }
 

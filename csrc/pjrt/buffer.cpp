@@ -75,6 +75,14 @@ Reaper& reaper() {
   return *r;
 }
 
+// `buf`'s ready event (the caller owns it: wrap it in an Event).
+PJRT_Event* ready_event(const PJRT_Api* api, PJRT_Buffer* buf) {
+  auto a = TT_ARGS(Buffer_ReadyEvent);
+  a.buffer = buf;
+  TT_CALL(api, Buffer_ReadyEvent, a);
+  return a.event;
+}
+
 // Ready events of watched buffers that died before their producer finished.
 struct Dropped {
   std::mutex mu;
@@ -87,10 +95,7 @@ Dropped& dropped() {
 
 void keep_producer(const PJRT_Api* api, PJRT_Buffer* buf) noexcept {
   try {
-    auto a = TT_ARGS(Buffer_ReadyEvent);
-    a.buffer = buf;
-    TT_CALL(api, Buffer_ReadyEvent, a);
-    auto event = std::make_unique<Event>(api, a.event);
+    auto event = std::make_unique<Event>(api, ready_event(api, buf));
     if (event->is_ready()) return;
     Dropped& d = dropped();
     std::lock_guard<std::mutex> lock(d.mu);
@@ -180,19 +185,13 @@ int64_t Buffer::numel() const {
 
 void Buffer::await_ready() const {
   const PJRT_Api* api = client_->api();
-  auto a = TT_ARGS(Buffer_ReadyEvent);
-  a.buffer = raw();
-  TT_CALL(api, Buffer_ReadyEvent, a);
-  Event(api, a.event).await("PJRT_Event_Await (buffer ready)");
+  Event(api, ready_event(api, raw())).await("PJRT_Event_Await (buffer ready)");
 }
 
 bool Buffer::is_ready() const {
   if (!filled()) return false;
   const PJRT_Api* api = client_->api();
-  auto a = TT_ARGS(Buffer_ReadyEvent);
-  a.buffer = raw();
-  TT_CALL(api, Buffer_ReadyEvent, a);
-  return Event(api, a.event).is_ready();
+  return Event(api, ready_event(api, raw())).is_ready();
 }
 
 void Buffer::to_host(void* dst, size_t dst_bytes) const {
