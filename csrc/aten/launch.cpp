@@ -563,9 +563,14 @@ void track_inflight(const pjrt::BufferPtr& out) {
     oldest = std::move(inflight.front());
     inflight.pop_front();
   }
-  // Errors surface where the value is read; the queue only bounds progress.
+  // Errors surface where the value is read; the queue only bounds progress. An
+  // oldest run whose outputs were all dropped is waited for through its kept
+  // ready event (none is kept when it had finished).
   try {
-    if (auto b = oldest.lock()) b->await_ready();
+    if (auto b = oldest.lock())
+      b->await_ready();
+    else
+      pjrt::await_dropped_producers(1);
   } catch (...) {
   }
 }

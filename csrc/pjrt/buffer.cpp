@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -86,7 +87,7 @@ PJRT_Event* ready_event(const PJRT_Api* api, PJRT_Buffer* buf) {
 // Ready events of watched buffers that died before their producer finished.
 struct Dropped {
   std::mutex mu;
-  std::vector<std::unique_ptr<Event>> events;
+  std::deque<std::unique_ptr<Event>> events;  // oldest first
 };
 Dropped& dropped() {
   static auto* d = new Dropped();  // leaked, as the reaper
@@ -161,12 +162,15 @@ Buffer::~Buffer() {
   reaper().push(std::move(client_), b);
 }
 
-size_t await_dropped_producers() {
+size_t await_dropped_producers(size_t at_most) {
   std::vector<std::unique_ptr<Event>> events;
   {
     Dropped& d = dropped();
     std::lock_guard<std::mutex> lock(d.mu);
-    events.swap(d.events);
+    while (!d.events.empty() && events.size() < at_most) {
+      events.push_back(std::move(d.events.front()));
+      d.events.pop_front();
+    }
   }
   for (const auto& e : events) {
     try {

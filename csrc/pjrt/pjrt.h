@@ -166,9 +166,10 @@ class Buffer {
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
-// Waits for the producers of watched buffers that died unfinished; returns how
-// many it waited for. Their errors go with their values.
-size_t await_dropped_producers();
+// Waits for the producers of watched buffers that died unfinished, oldest first
+// and at most `at_most` of them; returns how many it waited for. Their errors go
+// with their values.
+size_t await_dropped_producers(size_t at_most = SIZE_MAX);
 
 // One XLA DebugOptions field set for a single compile (by its proto field
 // name, e.g. "xla_backend_optimization_level"), on top of XLA_FLAGS.

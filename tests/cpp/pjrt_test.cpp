@@ -330,6 +330,28 @@ TEST(PjrtBuffer, DroppedWatchedOutputsProducerIsAwaited) {
   EXPECT_EQ(await_dropped_producers(), 0u);
 }
 
+TEST(PjrtBuffer, DroppedProducersAreAwaitedOldestFirst) {
+  ClientPtr client = cpu_client();
+  ExecutablePtr exe = client->compile(kSlowProgram);
+  std::vector<float> a(1200 * 1200, 0.5f);
+  std::vector<int64_t> dims = {1200, 1200};
+  BufferPtr ba = client->buffer_from_host(a.data(), DType::F32, dims, 0);
+  Buffer* args[] = {ba.get()};
+  await_dropped_producers();
+  std::vector<BufferPtr> first = exe->execute(args, 0), second = exe->execute(args, 0);
+  first[0]->watch();
+  second[0]->watch();
+  BufferPtr later = exe->execute(args, 0)[0];  // queued behind both, kept alive
+  ASSERT_FALSE(first[0]->is_ready());
+  first.clear();
+  second.clear();
+  // One at a time, as the in-flight bound takes them: the oldest first.
+  EXPECT_EQ(await_dropped_producers(1), 1u);
+  EXPECT_EQ(await_dropped_producers(1), 1u);
+  EXPECT_EQ(await_dropped_producers(1), 0u);
+  later->await_ready();
+}
+
 TEST(PjrtExecutable, AddRunsOnDevice0And1) {
   ExecutablePtr exe = cpu_client()->compile(kAddProgram);
   EXPECT_EQ(exe->num_outputs(), 1u);
