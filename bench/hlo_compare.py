@@ -3,7 +3,7 @@
 `python bench/hlo_compare.py` (torchtpu importable, the `peer` extra installed) dumps
 both with `XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text`, each in its own process:
 - torchtpu (Fused Eager by default, `--compile` for torch.compile(backend="tpu") with
-  Fused around): six steps of bench/run.py's Trainer step; the modules the third step
+  Fused around, `--flatten` for torchtpu.optim.flatten(optimizer)): six steps of bench/run.py's Trainer step; the modules the third step
   runs are those compiled in steps 1-3 less the ones a later step replaced (see
   dump_ours);
 - torchax: bench/torchax_peer.py's jitted step (the one module named jit_call_torch).
@@ -194,7 +194,9 @@ batches = [copy_task_batch(gen, 8, 32, 64) for _ in range(4)]
 torch.manual_seed(0)
 model = GPT().to("tpu")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-fwd = torch.compile(model, backend="tpu") if how == "compile" else model
+if "flat" in how:
+    torchtpu.optim.flatten(opt)
+fwd = torch.compile(model, backend="tpu") if "compile" in how else model
 torchtpu.eager_mode(mode)
 seen, per_step = set(), []
 for i in range(6):
@@ -258,6 +260,7 @@ def main() -> None:
     ap.add_argument("--stats", nargs="*", help="only print the counts of these dumps")
     ap.add_argument("--mode", default="fused")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--flatten", action="store_true", help="torchtpu.optim.flatten(opt)")
     ap.add_argument("--keep", help="dump into this folder (kept)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -266,7 +269,9 @@ def main() -> None:
     else:
         root = args.keep or tempfile.mkdtemp(prefix="torchtpu-hlo-")
         ours = dump_ours(
-            os.path.join(root, "torchtpu"), args.mode, "compile" if args.compile else "eager"
+            os.path.join(root, "torchtpu"),
+            args.mode,
+            ("compile" if args.compile else "eager") + ("+flat" if args.flatten else ""),
         )
         peer = dump_peer(os.path.join(root, "torchax"))
         print(
