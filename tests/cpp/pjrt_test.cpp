@@ -304,16 +304,24 @@ const char kSlowProgram[] = R"(module {
   }
 })";
 
+// kSlowProgram compiled, its input, and no dropped producer left from earlier tests.
+struct SlowRuns {
+  ClientPtr client = cpu_client();
+  ExecutablePtr exe = client->compile(kSlowProgram);
+  BufferPtr input = [this] {
+    std::vector<float> a(1200 * 1200, 0.5f);
+    std::vector<int64_t> dims = {1200, 1200};
+    return client->buffer_from_host(a.data(), DType::F32, dims, 0);
+  }();
+  SlowRuns() { await_dropped_producers(); }
+};
+
 // synchronize() relies on this: a run whose outputs were all dropped can
 // still be awaited through its watched output.
 TEST(PjrtBuffer, DroppedWatchedOutputsProducerIsAwaited) {
-  ClientPtr client = cpu_client();
-  ExecutablePtr exe = client->compile(kSlowProgram);
-  std::vector<float> a(1200 * 1200, 0.5f);
-  std::vector<int64_t> dims = {1200, 1200};
-  BufferPtr ba = client->buffer_from_host(a.data(), DType::F32, dims, 0);
-  Buffer* args[] = {ba.get()};
-  await_dropped_producers();
+  SlowRuns slow;
+  Buffer* args[] = {slow.input.get()};
+  ExecutablePtr exe = slow.exe;
   std::vector<BufferPtr> out = exe->execute(args, 0);
   out[0]->watch();
   ASSERT_FALSE(out[0]->is_ready());
@@ -331,13 +339,9 @@ TEST(PjrtBuffer, DroppedWatchedOutputsProducerIsAwaited) {
 }
 
 TEST(PjrtBuffer, DroppedProducersAreAwaitedOldestFirst) {
-  ClientPtr client = cpu_client();
-  ExecutablePtr exe = client->compile(kSlowProgram);
-  std::vector<float> a(1200 * 1200, 0.5f);
-  std::vector<int64_t> dims = {1200, 1200};
-  BufferPtr ba = client->buffer_from_host(a.data(), DType::F32, dims, 0);
-  Buffer* args[] = {ba.get()};
-  await_dropped_producers();
+  SlowRuns slow;
+  Buffer* args[] = {slow.input.get()};
+  ExecutablePtr exe = slow.exe;
   std::vector<BufferPtr> first = exe->execute(args, 0), second = exe->execute(args, 0);
   first[0]->watch();
   second[0]->watch();
