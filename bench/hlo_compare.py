@@ -3,9 +3,9 @@
 `python bench/hlo_compare.py` (torchtpu importable, the `peer` extra installed) dumps
 both with `XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text`, each in its own process:
 - torchtpu (Fused Eager by default, `--compile` for torch.compile(backend="tpu") with
-  Fused around, `--flatten` for torchtpu.optim.flatten(optimizer)): six steps of bench/run.py's Trainer step; the modules the third step
-  runs are those compiled in steps 1-3 less the ones a later step replaced (see
-  dump_ours);
+  Fused around, `--flatten` for torchtpu.optim.flatten(optimizer)): six steps of
+  bench/run.py's Trainer step; the modules the third step runs are those compiled in
+  steps 1-3 less the ones a later step replaced (see dump_ours);
 - torchax: bench/torchax_peer.py's jitted step (the one module named jit_call_torch).
 Then prints per-module counts: top-level kernels (what XLA:CPU launches), fusions by
 kind, dots with shapes, custom-calls, copies, transposes, reduces.

@@ -114,6 +114,8 @@ std::pair<Value, Value> Builder::reduce_arg(Value x, int64_t dim, bool is_max) {
     Value at = select(hit, idx, broadcast_in_dim(n, x.shape(), {}));
     return {m, reduce(at, n, {dim}, Reducer::Min)};
   }
+  // Init index 0 is safe: the init value only wins a tie when every element
+  // equals it, and then index 0 is the answer.
   Value init_v = extreme(*this, dt, !is_max), init_i = constant_int(0, DType::I64);
   Type sv{dt, {}}, si{DType::I64, {}};
   std::string body = region({sv, si, sv, si}, [&](const std::vector<Value>& a) {
