@@ -203,8 +203,13 @@ class Builder {
                                 const Body& body);
 
   // --- other
-  // Sort along dim; returns the sorted operands (first is the key). Stable.
-  std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool descending);
+  // Sort along dim; returns the sorted operands (first is the key). Stable unless
+  // `stable` is false. Float keys order NaN above everything (below when descending).
+  std::vector<Value> sort(const std::vector<Value>& xs, int64_t dim, bool descending,
+                          bool stable = true);
+  // Stable sort of x along dim with each element's original index there (I64), as
+  // torch.sort(stable=True): NaN counts largest, -0.0 equals 0.0.
+  std::pair<Value, Value> sort_indexed(Value x, int64_t dim, bool descending);
   // stablehlo.rng_bit_generator, algorithm PHILOX; state is tensor<2xui64>.
   // Returns (new_state, bits) with bits of `type` (ui32 or ui64 element type).
   std::pair<Value, Value> rng_bit_generator(Value state, const Type& type);

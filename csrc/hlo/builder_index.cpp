@@ -307,7 +307,8 @@ Value Builder::scatter_flat(Value x, Value positions, Value updates, bool add) {
 
 // Comparator orders keys only (stable sort keeps ties in input order); NaN is
 // largest as in torch: last ascending, first descending.
-std::vector<Value> Builder::sort(const std::vector<Value>& xs, int64_t dim, bool descending) {
+std::vector<Value> Builder::sort(const std::vector<Value>& xs, int64_t dim, bool descending,
+                                 bool stable) {
   if (xs.empty()) fail("sort", "no operands");
   if (dim < 0 || dim >= xs[0].rank())
     fail("sort", "dim " + std::to_string(dim) + " out of range for " + xs[0].type.str());
@@ -328,8 +329,79 @@ std::vector<Value> Builder::sort(const std::vector<Value>& xs, int64_t dim, bool
     }
     return std::vector<Value>{less};
   });
-  std::string attrs = "dimension = " + std::to_string(dim) + " : i64, is_stable = true";
+  std::string attrs =
+      "dimension = " + std::to_string(dim) + " : i64, is_stable = " + (stable ? "true" : "false");
   return emit_multi(generic("sort", xs, attrs, outs, body), outs);
+}
+
+// XLA:CPU sorts one operand under a bare `a < b` comparator with std::sort, but
+// calls the compiled comparator per comparison otherwise (several times slower
+// on a [512, 512] float). Values of 32 bits or less therefore travel with their
+// index in one u64 key: the high half an order-preserving map of the value, the
+// low half the index (so keys are unique and ties keep their order) shifted left
+// by one over the value's sign bit, which restores -0.0 and NaN's sign after
+// both were folded (to 0.0 and one NaN) so that they compare as torch does.
+std::pair<Value, Value> Builder::sort_indexed(Value x, int64_t dim, bool descending) {
+  if (dim < 0 || dim >= x.rank())
+    fail("sort", "dim " + std::to_string(dim) + " out of range for " + x.type.str());
+  const DType dt = x.dtype();
+  const bool packable = itemsize(dt) <= 4 && !is_complex(dt) && x.shape()[dim] < (int64_t{1} << 31);
+  if (!packable) {
+    auto s = sort({x, iota(Type{DType::I64, x.shape()}, dim)}, dim, descending);
+    return {s[0], s[1]};
+  }
+  const Type u32{DType::U32, x.shape()}, u64{DType::U64, x.shape()};
+  auto k32 = [&](double v) { return splat(v, u32); };
+  Value hi, sign;
+  if (is_float(dt)) {
+    Value f = convert(x, DType::F32);  // exact for F16 and BF16
+    Value bits = bitcast_convert(f, DType::U32);
+    sign = binary("shift_right_logical", bits, k32(31));
+    Value zero_f = splat(0.0, f.type);
+    Value folded = select(compare(Cmp::NE, f, f), k32(0x7FC00000),
+                          select(compare(Cmp::EQ, f, zero_f), k32(0), bits));
+    // Negative floats flip every bit, the others only the sign bit.
+    Value neg = binary("subtract", k32(0), binary("shift_right_logical", folded, k32(31)));
+    hi = binary("xor", folded, binary("or", neg, k32(0x80000000u)));
+  } else {
+    const bool is_signed = is_signed_int(dt);
+    hi = bitcast_convert(convert(x, is_signed ? DType::I32 : DType::U32), DType::U32);
+    if (is_signed) hi = binary("xor", hi, k32(0x80000000u));
+    sign = k32(0);
+  }
+  if (descending) hi = unary("not", hi);
+  Value lo = binary("or", binary("shift_left", iota(u32, dim), k32(1)), sign);
+  Value shift = splat(32, u64);
+  Value key =
+      binary("or", binary("shift_left", convert(hi, DType::U64), shift), convert(lo, DType::U64));
+  // Keys are unique, so an unstable sort is exact. XLA:CPU walks a non-minor
+  // dim with a strided iterator, several times slower: sort the rows instead.
+  const int64_t last = x.rank() - 1;
+  std::vector<int64_t> perm(static_cast<size_t>(x.rank()));
+  for (int64_t i = 0; i <= last; ++i) perm[i] = i;
+  std::swap(perm[dim], perm[last]);  // its own inverse
+  if (dim != last) key = transpose(key, perm);
+  key = sort({key}, last, false, /*stable=*/false)[0];
+  if (dim != last) key = transpose(key, perm);
+
+  Value h = convert(binary("shift_right_logical", key, shift), DType::U32);
+  Value l = convert(key, DType::U32);  // the low half
+  if (descending) h = unary("not", h);
+  Value index = convert(binary("shift_right_logical", l, k32(1)), DType::I64);
+  Value value;
+  if (is_float(dt)) {
+    // Top bit set: the value was non-negative, clear it; else flip every bit back.
+    Value top = binary("shift_right_logical", h, k32(31));
+    Value restored =
+        select(compare(Cmp::NE, top, k32(0)), binary("xor", h, k32(0x80000000u)), unary("not", h));
+    Value sign_bit = binary("shift_left", binary("and", l, k32(1)), k32(31));
+    value = convert(bitcast_convert(binary("or", restored, sign_bit), DType::F32), dt);
+  } else if (is_signed_int(dt)) {
+    value = convert(bitcast_convert(binary("xor", h, k32(0x80000000u)), DType::I32), dt);
+  } else {
+    value = convert(h, dt);
+  }
+  return {value, index};
 }
 
 std::pair<Value, Value> Builder::rng_bit_generator(Value state, const Type& type) {

@@ -229,8 +229,7 @@ TPU_LOWERING(creation_random) {
       // Gumbel top-k: sorting log p + Gumbel noise samples without replacement.
       Ex u = draw(uniform01(c, {rows, cats}, t), 0);
       Ex key = p.un("log") - (-(1.0 - u).un("log")).un("log");
-      Value idx = b.iota(Type{DType::I64, {rows, cats}}, 1);
-      Value s = b.sort({key.v, idx}, 1, true)[1];
+      Value s = b.sort_indexed(key.v, 1, true).second;
       return {b.slice(s, {0, 0}, {rows, k}, {})};
     }
     // Inverse CDF: count the categories whose cumulative weight is <= u * total.

@@ -86,10 +86,10 @@ std::pair<Ex, Ex> eigh_jacobi(Ex a) {
     eye = Ex(b, out[4]);
   }
   Ex d = real_of(Ex(b, reduce_sum(b, where(rows.cmp(Cmp::EQ, cols), a, a.k(0)).v, {r - 1}, false)));
-  auto sorted = b.sort({d.v, b.iota(Type{DType::I64, d.v.shape()}, r - 2)}, r - 2, false);
+  auto sorted = b.sort_indexed(d.v, r - 2, false);
   Shape ps = s;
   ps[r - 2] = 1;
-  Value perm = b.reshape(sorted[1], ps);
+  Value perm = b.reshape(sorted.second, ps);
   Value vecs = b.take_along(eye.v,
                             b.broadcast_in_dim(perm, s,
                                                [&] {
@@ -98,7 +98,7 @@ std::pair<Ex, Ex> eigh_jacobi(Ex a) {
                                                  return dims;
                                                }()),
                             r - 1);
-  return {Ex(b, sorted[0]), Ex(b, vecs)};
+  return {Ex(b, sorted.first), Ex(b, vecs)};
 }
 
 // The symmetric (Hermitian) matrix a's `lower` (or upper) triangle describes;

@@ -262,11 +262,20 @@ TPU_LOWERING(reduce_minmax) {
       Value x = at_least_1d(b, c.in(0));
       int64_t dim = wrap_dim(c.i64(is_kth ? 2 : 1), x.rank()), n = x.shape()[dim];
       int64_t k = is_kth ? c.i64(1) - 1 : (n - 1) / 2;
-      auto s = b.sort({x, b.iota(Type{DType::I64, x.shape()}, dim)}, dim, false);
+      auto [sorted, index] = b.sort_indexed(x, dim, false);
+      if (!is_kth && is_float(x.dtype())) {
+        // A row holding NaN has median NaN at its first NaN, which the stable sort
+        // puts right after the row's other values.
+        Ex sv(b, sorted);
+        Ex nans(b, reduce_sum(b, sv.cmp(Cmp::NE, sv).to(DType::I64).v, {dim}, true));
+        Ex at = where(nans.cmp(Cmp::GT, nans.k(0)), nans.k(static_cast<double>(n)) - nans,
+                      nans.k(static_cast<double>(k)));
+        return {b.take_along(sorted, at.v, dim), b.take_along(index, at.v, dim)};
+      }
       Shape lo(x.rank(), 0), hi = x.shape();
       lo[dim] = k;
       hi[dim] = k + 1;
-      return {b.slice(s[0], lo, hi, {}), b.slice(s[1], lo, hi, {})};
+      return {b.slice(sorted, lo, hi, {}), b.slice(index, lo, hi, {})};
     });
   }
   // nanmedian(): the lower middle of the non-NaN values (NaN if none).
@@ -285,11 +294,11 @@ TPU_LOWERING(reduce_minmax) {
     Builder& b = c.b;
     Value x = at_least_1d(b, c.in(0));
     int64_t dim = wrap_dim(c.i64(1), x.rank());
-    auto s = b.sort({x, b.iota(Type{DType::I64, x.shape()}, dim)}, dim, false);
-    Ex sv(b, s[0]);
+    auto [sorted, index] = b.sort_indexed(x, dim, false);
+    Ex sv(b, sorted);
     Ex cnt(b, reduce_sum(b, sv.cmp(Cmp::EQ, sv).to(DType::I64).v, {dim}, true));
     Ex k = maximum(cnt - 1.0, cnt.k(0)) / 2.0;
-    return {b.take_along(s[0], k, dim), b.take_along(s[1], k, dim)};
+    return {b.take_along(sorted, k, dim), b.take_along(index, k, dim)};
   });
   // mode(self, dim, keepdim) -> (values, indices): the value of the longest
   // run of equals after sorting (the smallest on ties), with the original
@@ -298,8 +307,8 @@ TPU_LOWERING(reduce_minmax) {
     Builder& b = c.b;
     Value x = at_least_1d(b, c.in(0));
     int64_t r = x.rank(), dim = wrap_dim(c.i64(1), r), n = x.shape()[dim];
-    auto s = b.sort({x, b.iota(Type{DType::I64, x.shape()}, dim)}, dim, false);
-    Ex sv(b, s[0]);
+    auto [sorted, index] = b.sort_indexed(x, dim, false);
+    Ex sv(b, sorted);
     // count[i] = how many sorted entries equal entry i ([.., i, j, ..] pairs).
     Shape big = x.shape();
     big.insert(big.begin() + dim + 1, n);
@@ -328,7 +337,7 @@ TPU_LOWERING(reduce_minmax) {
     Shape ks = x.shape();
     ks[dim] = 1;
     Value k = b.reshape(at, ks);
-    return {b.take_along(s[0], k, dim), b.take_along(s[1], k, dim)};
+    return {b.take_along(sorted, k, dim), b.take_along(index, k, dim)};
   });
   for (const char* n : {"any", "any.dim", "any.dims", "all", "all.dim", "all.dims"}) {
     Reducer r = n[1] == 'n' ? Reducer::Or : Reducer::And;

@@ -33,8 +33,8 @@ Value roll_dim(Builder& b, Value x, int64_t shift, int64_t dim) {
 V sort_with_indices(Builder& b, Value x, int64_t dim, bool descending) {
   x = at_least_1d(b, x);
   dim = wrap_dim(dim, x.rank());
-  Value idx = b.iota(Type{DType::I64, x.shape()}, dim);
-  return b.sort({x, idx}, dim, descending);
+  auto [values, indices] = b.sort_indexed(x, dim, descending);
+  return {values, indices};
 }
 
 // torch.topk(largest=True) of a float through chlo.top_k, which XLA:CPU runs as

@@ -516,6 +516,43 @@ TEST(HloRun, TopKIsDescendingWithTiesByIndex) {
   EXPECT_NE(build_error([&] { b.top_k(a, 5); }).find("top_k"), std::string::npos);
 }
 
+// Values of up to 32 bits sort as one u64 key (value order, then index) under a
+// bare unstable compare, which XLA:CPU runs as std::sort; the result is still
+// torch's stable sort: NaN largest, -0.0 equal to 0.0, ties by index, and the
+// values come back bit for bit (sign of zero and of NaN included).
+TEST(HloRun, SortIndexedPacksValueAndIndex) {
+  float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  Host x = f32({2, 6}, {1, nan, -0.0f, 0.0f, -nan, 1, 3, -inf, 2, 2, inf, -1});
+  Host n = Host::of(DType::I32, {3, 2}, std::vector<int32_t>{5, -7, 5, 2, -7, 2});
+  auto out = run_fn({x, n}, [](Builder& b, std::vector<Value> p) {
+    auto up = b.sort_indexed(p[0], 1, false), down = b.sort_indexed(p[0], 1, true);
+    auto cols = b.sort_indexed(p[1], 0, false);
+    return std::vector<Value>{up.first,    up.second,  down.first,
+                              down.second, cols.first, cols.second};
+  });
+  expect_vec<float>(out[0], {2, 6}, {0, 0, 1, 1, nan, nan, -inf, -1, 2, 2, 3, inf});
+  expect_vec<int64_t>(out[1], {2, 6}, {2, 3, 0, 5, 1, 4, 1, 5, 2, 3, 0, 4});
+  expect_vec<float>(out[2], {2, 6}, {nan, nan, 1, 1, 0, 0, inf, 3, 2, 2, -1, -inf});
+  expect_vec<int64_t>(out[3], {2, 6}, {1, 4, 0, 5, 2, 3, 4, 0, 2, 3, 5, 1});
+  std::vector<float> up = out[0].vec<float>(), down = out[2].vec<float>();
+  EXPECT_TRUE(std::signbit(up[0]) && !std::signbit(up[1]));      // -0.0 first: index 2
+  EXPECT_TRUE(!std::signbit(up[4]) && std::signbit(up[5]));      // -NaN second: index 4
+  EXPECT_TRUE(std::signbit(down[4]) && !std::signbit(down[5]));  // zeros in index order
+  expect_vec<int32_t>(out[4], {3, 2}, {-7, -7, 5, 2, 5, 2});
+  expect_vec<int64_t>(out[5], {3, 2}, {2, 0, 0, 1, 1, 2});
+  // One single-operand unstable sort per call; 64-bit values keep value + index.
+  for (DType t : {DType::F32, DType::BF16, DType::I8, DType::Bool, DType::F64}) {
+    Builder b;
+    auto [v, i] = b.sort_indexed(b.param(Type{t, {4, 6}}), 0, false);
+    b.ret({v, i});
+    std::string m = b.module();
+    EXPECT_EQ(occurrences(m, "\"stablehlo.sort\""), 1u) << m;
+    bool packed = t != DType::F64;
+    EXPECT_EQ(m.find("is_stable = false") != std::string::npos, packed) << m;
+    EXPECT_EQ(m.find("(tensor<6x4xui64>) -> tensor<6x4xui64>") != std::string::npos, packed) << m;
+  }
+}
+
 TEST(HloRun, ReduceWindow) {
   Host x = f32({2, 4}, {1, 3, 2, 5, 4, 0, 6, 1});
   auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {

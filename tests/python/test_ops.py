@@ -278,6 +278,33 @@ OPS = [
         (f(4, 3), f(3, 3), const(torch.tensor([0, 2, 0]))),
     ),
     Op("sort", lambda x: torch.sort(x, 1), (f(3, 4),)),
+    # Stable: ties by index, NaN of either sign largest, -0.0 equal to 0.0.
+    Op(
+        "sort_stable_nan_zeros_ties",
+        lambda x: (
+            *torch.sort(x, dim=1, stable=True),
+            *torch.sort(x, dim=1, descending=True, stable=True),
+        ),
+        (const(torch.tensor([[1, nan, -0.0, 0.0, -nan, 1, -inf], [2, 2, inf, 0.0, -0.0, -1, 2]])),),
+        grad=False,
+        tol={"equal_nan": True},
+    ),
+    Op(
+        "sort_int8_dim0_ties",
+        lambda x: torch.sort(x, dim=0, descending=True, stable=True),
+        (const(torch.tensor([[3, -128, 3], [127, 3, 3], [3, 0, -1]], dtype=torch.int8)),),
+        grad=False,
+    ),
+    Op("sort_bf16_middle_dim", lambda x: torch.sort(x, 1), (f(2, 5, 3, dtype=torch.bfloat16),)),
+    Op("argsort_bool", lambda x: torch.argsort(x > 0, dim=1, stable=True), (f(3, 7),), grad=False),
+    # A row holding NaN has median NaN, at its first NaN.
+    Op(
+        "median_dim_nan",
+        lambda x: torch.median(x, 1),
+        (const(torch.tensor([[1, nan, 2, nan, 0], [3, 1, 2, 5, 4], [nan, 0, 0, 0, 0]])),),
+        grad=False,
+        tol={"equal_nan": True},
+    ),
     Op("topk", lambda x: torch.topk(x, 2, 1), (f(3, 4),)),
     Op("topk_dim0", lambda x: torch.topk(x.t(), 3, 0), (f(3, 4),)),
     Op("topk_middle_dim", lambda x: torch.topk(x, 2, 1), (f(2, 5, 3),)),
