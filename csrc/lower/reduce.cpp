@@ -247,7 +247,7 @@ TPU_LOWERING(reduce_minmax) {
     Builder& b = c.b;
     Value x = c.in(0);
     int64_t n = x.type.numel();
-    Value s = b.sort({b.reshape(x, {n})}, 0, false)[0];
+    Value s = b.sort_indexed(b.reshape(x, {n}), 0, false).first;
     Ex m(b, b.reshape(b.slice(s, {(n - 1) / 2}, {(n - 1) / 2 + 1}, {}), {}));
     if (!is_float(x.dtype())) return {m};
     Ex xv(b, x);
@@ -283,7 +283,7 @@ TPU_LOWERING(reduce_minmax) {
     Builder& b = c.b;
     Value x = c.in(0);
     int64_t n = x.type.numel();
-    Ex s(b, b.sort({b.reshape(x, {n})}, 0, false)[0]);
+    Ex s(b, b.sort_indexed(b.reshape(x, {n}), 0, false).first);
     Ex cnt(b, b.reduce(s.cmp(Cmp::EQ, s).to(DType::I64).v, b.constant_int(0, DType::I64), {0},
                        Reducer::Add));
     Ex k = maximum(cnt - 1.0, cnt.k(0)) / 2.0;
