@@ -25,6 +25,8 @@ def _inputs() -> dict[str, torch.Tensor]:
         "wide": torch.randn(64, 4096, generator=g),
         "long": torch.randn(1 << 20, generator=g),
         "idx": torch.randint(0, 512, (512,), generator=g),
+        "table": torch.randn(8192, 768, generator=g),
+        "tokens": torch.randint(0, 8192, (8, 1024), generator=g),
     }
 
 
@@ -41,6 +43,7 @@ OPS = {
     "topk8_rows": (("x",), lambda x: torch.topk(x, 8, -1)),
     "index_select_rows": (("x", "idx"), lambda x, i: x.index_select(0, i)),
     "index_select_columns": (("x", "idx"), lambda x, i: x.index_select(1, i)),
+    "embedding": (("table", "tokens"), lambda w, t: torch.nn.functional.embedding(t, w)),
     "index_add_rows": (("x", "idx", "y"), lambda x, i, y: x.index_add(0, i, y)),
     "gather_columns": (("x", "idx"), lambda x, i: x.gather(1, i.view(1, -1).expand(512, -1))),
     "scatter_add_columns": (

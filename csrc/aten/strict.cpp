@@ -21,12 +21,14 @@ namespace {
 
 // Debug Eager: integer indices must be in range before the op runs (XLA
 // clamps out-of-range gathers silently).
-void check_index(const std::string& op, const at::Tensor& idx, int64_t size, int64_t dim) {
+void check_index(const std::string& op, const at::Tensor& idx, int64_t size, int64_t dim,
+                 bool negative) {
   if (!idx.defined() || idx.numel() == 0 || !c10::isIntegralType(idx.scalar_type(), false)) return;
   at::Tensor h = idx.to(c10::kCPU);
   int64_t lo = h.min().item<int64_t>(), hi = h.max().item<int64_t>();
-  TORCH_CHECK_INDEX(lo >= -size && hi < size, "[tpu] aten::", op, ": index ", hi >= size ? hi : lo,
-                    " is out of bounds for dimension ", dim, " with size ", size);
+  TORCH_CHECK_INDEX(lo >= (negative ? -size : 0) && hi < size, "[tpu] aten::", op, ": index ",
+                    hi >= size ? hi : lo, " is out of bounds for dimension ", dim, " with size ",
+                    size);
 }
 
 void debug_index_checks(const OpInfo& info, const torch::jit::Stack& args, size_t first) {
@@ -37,7 +39,8 @@ void debug_index_checks(const OpInfo& info, const torch::jit::Stack& args, size_
         const at::Tensor& self = arg(c.self).toTensor();
         int64_t dim =
             c10::maybe_wrap_dim(arg(c.dim).toInt(), std::max<int64_t>(self.dim(), 1), true);
-        check_index(info.name, arg(c.index).toTensor(), self.dim() ? self.size(dim) : 1, dim);
+        check_index(info.name, arg(c.index).toTensor(), self.dim() ? self.size(dim) : 1, dim,
+                    c.negative);
         break;
       }
       case lower::IndexCheck::EachDim: {
@@ -46,12 +49,12 @@ void debug_index_checks(const OpInfo& info, const torch::jit::Stack& args, size_
         for (size_t k = 0; k < list.size() && static_cast<int64_t>(k) < self.dim(); ++k) {
           c10::IValue e = list.get(k);
           if (e.isTensor())
-            check_index(info.name, e.toTensor(), self.size(k), static_cast<int64_t>(k));
+            check_index(info.name, e.toTensor(), self.size(k), static_cast<int64_t>(k), c.negative);
         }
         break;
       }
       case lower::IndexCheck::SizeArg:
-        check_index(info.name, arg(c.index).toTensor(), arg(c.self).toInt(), 0);
+        check_index(info.name, arg(c.index).toTensor(), arg(c.self).toInt(), 0, c.negative);
         break;
     }
   }

@@ -97,7 +97,6 @@ ScatterArgs scatter_args(Ctx& c) {
   a.x = at_least_1d(b, c.in(0));
   a.idx = at_least_1d(b, c.in(2));
   a.dim = wrap_dim(c.i64(1), a.x.rank());
-  a.idx = wrap_index(b, a.idx, a.x.shape()[a.dim]);
   a.src = c.arg(3).isTensor() ? at_least_1d(b, b.convert(c.in(3), a.x.dtype()))
                               : broadcast_to(b, c.scalar(3, a.x.dtype()), a.idx.shape());
   return a;
@@ -127,8 +126,7 @@ TPU_LOWERING(scatter_reduce) {
     Value x = at_least_1d(b, c.in(0));
     int64_t dim = wrap_dim(c.i64(1), x.rank());
     Value src = at_least_1d(b, b.convert(c.in(3), x.dtype()));
-    Value idx = wrap_index(b, c.in(2), x.shape()[dim]);
-    idx = b.broadcast_in_dim(b.reshape(idx, {src.shape()[dim]}), src.shape(), {dim});
+    Value idx = b.broadcast_in_dim(b.reshape(c.in(2), {src.shape()[dim]}), src.shape(), {dim});
     return {scatter_reduce(b, x, idx, src, dim, c.arg(4).toStringRef(), c.flag(5))};
   });
 }

@@ -32,6 +32,9 @@ struct IndexCheck {
     SizeArg,   // arg `index` indexes dim 0 of a size given by int arg `self`
   } kind;
   int self = 0, dim = 1, index = 2;
+  // Negative indices count from the end (advanced indexing, index_fill); the
+  // other index ops reject them, as torch does.
+  bool negative = false;
 };
 
 struct Spec {

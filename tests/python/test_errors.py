@@ -307,7 +307,23 @@ OOB = {
     "embedding": lambda x: torch.nn.functional.embedding(_idx(10), x),
     "index_put_": lambda x: x.index_put_((_idx(3),), torch.tensor(1.0, device="tpu")),
     "scatter": lambda x: x.scatter(1, _idx([4]), 1.0),
+    # torch takes negative indices only in advanced indexing and index_fill.
+    "index_select_negative": lambda x: x.index_select(0, _idx(-1)),
+    "gather_negative": lambda x: x.gather(1, _idx([-1])),
+    "scatter_add_negative": lambda x: x.scatter_add(1, _idx([-2]), torch.ones(1, 1, device="tpu")),
+    "index_add_negative": lambda x: x.index_add(0, _idx(-1), torch.ones(1, 4, device="tpu")),
+    "scatter_reduce_negative": lambda x: x.scatter_reduce(
+        1, _idx([-1]), torch.ones(1, 1, device="tpu"), "amax"
+    ),
 }
+
+
+def test_negative_indices_where_torch_takes_them():
+    x = torch.arange(12.0).reshape(3, 4)
+    with torchtpu.eager_mode("debug"):
+        assert torch.equal(x.to("tpu")[_idx(-1)].cpu(), x[torch.tensor([-1])])
+        got = x.to("tpu").index_fill(0, _idx(-1), 7.0).cpu()
+        assert torch.equal(got, x.index_fill(0, torch.tensor([-1]), 7.0))
 
 
 @pytest.mark.parametrize("name", list(OOB), ids=str)
