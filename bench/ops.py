@@ -40,6 +40,8 @@ OPS = {
     "argsort_rows": (("x",), lambda x: torch.argsort(x, -1)),
     "median_all": (("x",), lambda x: x.median()),
     "median_rows": (("x",), lambda x: x.median(-1)),
+    "kthvalue5_rows": (("x",), lambda x: x.kthvalue(5, -1)),
+    "nanmedian_rows": (("x",), lambda x: x.nanmedian(-1)),
     "topk8_rows": (("x",), lambda x: torch.topk(x, 8, -1)),
     "index_select_rows": (("x", "idx"), lambda x, i: x.index_select(0, i)),
     "index_select_columns": (("x", "idx"), lambda x, i: x.index_select(1, i)),

@@ -242,13 +242,14 @@ TPU_LOWERING(reduce_minmax) {
       return {reduce(x, dims, Reducer::And), reduce(x, dims, Reducer::Or)};
     return {reduce_mm(x, dims, Reducer::Min), reduce_mm(x, dims, Reducer::Max)};
   });
-  // Order statistics by sorting: median (lower middle) and kthvalue.
+  // Order statistics by selection (Builder::kth_smallest): median (lower middle),
+  // kthvalue and nanmedian. NaN counts largest, as in torch's sort order.
   reg("median", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
     int64_t n = x.type.numel();
-    Value s = b.sort_indexed(b.reshape(x, {n}), 0, false).first;
-    Ex m(b, b.reshape(b.slice(s, {(n - 1) / 2}, {(n - 1) / 2 + 1}, {}), {}));
+    Value k = b.constant_int((n - 1) / 2, DType::I64);
+    Ex m(b, b.reshape(b.kth_smallest(b.reshape(x, {n}), 0, b.reshape(k, {1})).first, {}));
     if (!is_float(x.dtype())) return {m};
     Ex xv(b, x);
     return {
@@ -261,21 +262,19 @@ TPU_LOWERING(reduce_minmax) {
       Builder& b = c.b;
       Value x = at_least_1d(b, c.in(0));
       int64_t dim = wrap_dim(c.i64(is_kth ? 2 : 1), x.rank()), n = x.shape()[dim];
-      int64_t k = is_kth ? c.i64(1) - 1 : (n - 1) / 2;
-      auto [sorted, index] = b.sort_indexed(x, dim, false);
+      Shape ks = x.shape();
+      ks[dim] = 1;
+      Ex k(b,
+           b.splat(static_cast<double>(is_kth ? c.i64(1) - 1 : (n - 1) / 2), Type{DType::I64, ks}));
       if (!is_kth && is_float(x.dtype())) {
-        // A row holding NaN has median NaN at its first NaN, which the stable sort
-        // puts right after the row's other values.
-        Ex sv(b, sorted);
-        Ex nans(b, reduce_sum(b, sv.cmp(Cmp::NE, sv).to(DType::I64).v, {dim}, true));
-        Ex at = where(nans.cmp(Cmp::GT, nans.k(0)), nans.k(static_cast<double>(n)) - nans,
-                      nans.k(static_cast<double>(k)));
-        return {b.take_along(sorted, at.v, dim), b.take_along(index, at.v, dim)};
+        // A row holding NaN has median NaN at its first NaN: the smallest of the
+        // row's NaNs, which rank above every other value.
+        Ex xv(b, x);
+        Ex nans(b, reduce_sum(b, xv.cmp(Cmp::NE, xv).to(DType::I64).v, {dim}, true));
+        k = where(nans.cmp(Cmp::GT, nans.k(0)), nans.k(static_cast<double>(n)) - nans, k);
       }
-      Shape lo(x.rank(), 0), hi = x.shape();
-      lo[dim] = k;
-      hi[dim] = k + 1;
-      return {b.slice(sorted, lo, hi, {}), b.slice(index, lo, hi, {})};
+      auto [value, index] = b.kth_smallest(x, dim, k.v);
+      return {value, index};
     });
   }
   // nanmedian(): the lower middle of the non-NaN values (NaN if none).
@@ -283,22 +282,22 @@ TPU_LOWERING(reduce_minmax) {
     Builder& b = c.b;
     Value x = c.in(0);
     int64_t n = x.type.numel();
-    Ex s(b, b.sort_indexed(b.reshape(x, {n}), 0, false).first);
-    Ex cnt(b, b.reduce(s.cmp(Cmp::EQ, s).to(DType::I64).v, b.constant_int(0, DType::I64), {0},
-                       Reducer::Add));
+    Value flat = b.reshape(x, {n});
+    Ex xv(b, flat);
+    Ex cnt(b, b.reshape(reduce_sum(b, xv.cmp(Cmp::EQ, xv).to(DType::I64).v, {0}, true), {1}));
     Ex k = maximum(cnt - 1.0, cnt.k(0)) / 2.0;
-    return {b.reshape(b.gather_flat(s, b.reshape(k.v, {1})), {})};
+    return {b.reshape(b.kth_smallest(flat, 0, k.v).first, {})};
   });
   // nanmedian.dim(self, dim, keepdim) -> (values, indices)
   reg("nanmedian.dim", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = at_least_1d(b, c.in(0));
     int64_t dim = wrap_dim(c.i64(1), x.rank());
-    auto [sorted, index] = b.sort_indexed(x, dim, false);
-    Ex sv(b, sorted);
-    Ex cnt(b, reduce_sum(b, sv.cmp(Cmp::EQ, sv).to(DType::I64).v, {dim}, true));
+    Ex xv(b, x);
+    Ex cnt(b, reduce_sum(b, xv.cmp(Cmp::EQ, xv).to(DType::I64).v, {dim}, true));
     Ex k = maximum(cnt - 1.0, cnt.k(0)) / 2.0;
-    return {b.take_along(sorted, k, dim), b.take_along(index, k, dim)};
+    auto [value, index] = b.kth_smallest(x, dim, k.v);
+    return {value, index};
   });
   // mode(self, dim, keepdim) -> (values, indices): the value of the longest
   // run of equals after sorting (the smallest on ties), with the original

@@ -553,6 +553,44 @@ TEST(HloRun, SortIndexedPacksValueAndIndex) {
   }
 }
 
+// The k-th smallest along a dim by its key bits, NaN largest and -0.0 equal to 0.0;
+// the index is the value's first position, and the value comes back bit for bit.
+TEST(HloRun, KthSmallestSelectsByKeyBits) {
+  float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  Host x = f32({2, 6}, {1, nan, -0.0f, 0.0f, -nan, 1, 3, -inf, 2, 2, inf, -1});
+  Host n = Host::of(DType::I32, {3, 2}, std::vector<int32_t>{5, -7, 5, 2, -7, 2});
+  Host d = Host::of(DType::F64, {4}, std::vector<double>{2.5, -1, 7, 0});
+  auto out = run_fn(
+      {x, n, d, i64({2, 1}, {2, 3}), i64({2, 1}, {0, 5}), i64({1, 2}, {1, 2}), i64({1}, {2})},
+      [](Builder& b, std::vector<Value> p) {
+        auto mid = b.kth_smallest(p[0], 1, p[3]);
+        auto ends = b.kth_smallest(p[0], 1, p[4]);
+        auto cols = b.kth_smallest(p[1], 0, p[5]);
+        return std::vector<Value>{mid.first,
+                                  mid.second,
+                                  ends.first,
+                                  ends.second,
+                                  cols.first,
+                                  cols.second,
+                                  b.kth_smallest(p[2], 0, p[6]).first};
+      });
+  expect_vec<float>(out[0], {2, 1}, {1, 2});
+  expect_vec<int64_t>(out[1], {2, 1}, {0, 2});
+  expect_vec<float>(out[2], {2, 1}, {0, inf});
+  expect_vec<int64_t>(out[3], {2, 1}, {2, 4});
+  EXPECT_TRUE(std::signbit(out[2].vec<float>()[0]));  // the -0.0 at index 2, as it was
+  expect_vec<int32_t>(out[4], {1, 2}, {5, 2});
+  expect_vec<int64_t>(out[5], {1, 2}, {0, 1});
+  expect_vec<double>(out[6], {1}, {2.5});  // 64-bit values take the sort
+  Host row = f32({1, 5}, {nan, 4, nan, 4, 1});
+  auto last = run_fn({row, i64({1, 1}, {3})}, [](Builder& b, std::vector<Value> p) {
+    auto r = b.kth_smallest(p[0], 1, p[1]);
+    return std::vector<Value>{r.first, r.second};
+  });
+  expect_vec<float>(last[0], {1, 1}, {nan});
+  expect_vec<int64_t>(last[1], {1, 1}, {0});  // the first NaN
+}
+
 TEST(HloRun, ReduceWindow) {
   Host x = f32({2, 4}, {1, 3, 2, 5, 4, 0, 6, 1});
   auto out = run_fn({x}, [](Builder& b, std::vector<Value> p) {

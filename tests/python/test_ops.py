@@ -297,6 +297,38 @@ OPS = [
     ),
     Op("sort_bf16_middle_dim", lambda x: torch.sort(x, 1), (f(2, 5, 3, dtype=torch.bfloat16),)),
     Op("argsort_bool", lambda x: torch.argsort(x > 0, dim=1, stable=True), (f(3, 7),), grad=False),
+    # Order statistics select by key bits: ties (whose index torch leaves open, so
+    # only values compare), NaN largest, infinities, and whole-tensor medians.
+    Op(
+        "kthvalue_nanmedian_ties",
+        lambda x: (
+            torch.kthvalue(x, 3, 1).values,
+            torch.kthvalue(x, 6, 1).values,
+            torch.nanmedian(x, 1).values,
+            torch.median(x[1:]),
+            torch.nanmedian(x),
+        ),
+        (
+            const(
+                torch.tensor(
+                    [
+                        [2, nan, -0.0, 2, -inf, 0.0],
+                        [1, 1, inf, -1, 1, 5],
+                        [nan, nan, nan, nan, nan, 3],
+                    ]
+                )
+            ),
+        ),
+        grad=False,
+        tol={"equal_nan": True},
+    ),
+    Op(
+        "kthvalue_int16",
+        lambda x: torch.kthvalue(x, 2, 0).values,
+        (i(5, 3, dtype=torch.int16),),
+        grad=False,
+    ),
+    Op("median_rows", lambda x: torch.median(x, 1), (f(4, 9),)),
     # A row holding NaN has median NaN, at its first NaN.
     Op(
         "median_dim_nan",
