@@ -42,6 +42,7 @@ OPS = {
     "median_rows": (("x",), lambda x: x.median(-1)),
     "kthvalue5_rows": (("x",), lambda x: x.kthvalue(5, -1)),
     "nanmedian_rows": (("x",), lambda x: x.nanmedian(-1)),
+    "mode_wide_rows": (("wide",), lambda x: (x * 8).round().mode(-1)),
     "topk8_rows": (("x",), lambda x: torch.topk(x, 8, -1)),
     "index_select_rows": (("x", "idx"), lambda x, i: x.index_select(0, i)),
     "index_select_columns": (("x", "idx"), lambda x, i: x.index_select(1, i)),

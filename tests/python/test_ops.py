@@ -329,6 +329,23 @@ OPS = [
         grad=False,
     ),
     Op("median_rows", lambda x: torch.median(x, 1), (f(4, 9),)),
+    # The longest run of equals, the smallest value on ties, runs at either end.
+    Op(
+        "mode_runs",
+        lambda x: (
+            torch.mode(x, 1).values,
+            torch.mode(x, 0).values,
+            torch.mode(x[:, :1], 1).values,
+        ),
+        (
+            const(
+                torch.tensor(
+                    [[3, 1, 3, 2, 2, 1, 3], [0, 5, 5, 0, -1, -1, 7], [4, 4, 4, 4, 4, 4, 4]]
+                )
+            ),
+        ),
+        grad=False,
+    ),
     # A row holding NaN has median NaN, at its first NaN.
     Op(
         "median_dim_nan",
