@@ -98,31 +98,19 @@ Ex scan(const Ex& x, int64_t dim_arg, Reducer r) {
 
 // Running max/min along dim with the index of the element that set it: the
 // last one among equals and the last NaN once a NaN appeared (torch's CPU
-// cummax/cummin). For position i: the extreme over j <= i, then the largest
-// such j holding it (masked-out positions may equal it: -inf, False, INT_MIN).
+// cummax/cummin). The running extreme changes only where an entry reaches it,
+// and every entry equal to a later extreme reached it too, so the index is a
+// running max of the positions that reach theirs: two scans, where comparing
+// each position with every earlier one took n^2 (4.6 s for [64, 4096] rows).
 std::pair<Value, Value> cum_extreme(Builder& b, Value x, int64_t dim, bool is_max) {
-  int64_t r = x.rank(), n = x.shape()[dim];
-  // [..., i, j, ...] with j reversed: element (i, j) holds x[n - 1 - j].
-  Shape big = x.shape();
-  big.insert(big.begin() + dim, n);
-  std::vector<int64_t> dims;
-  for (int64_t k = 0; k < r; ++k) dims.push_back(k < dim ? k : k + 1);
-  Ex xr(b, b.broadcast_in_dim(b.reverse(x, {dim}), big, dims));
-  Type it{DType::I64, big};
-  Ex i(b, b.iota(it, dim)), j(b, b.iota(it, dim + 1));
-  Ex src = (j.k(static_cast<double>(n - 1)) - j);
-  Ex valid = src.cmp(Cmp::LE, i);
-  Reducer red = is_max ? Reducer::Max : Reducer::Min;
-  Ex init(b, b.broadcast_in_dim(reduce_init(b, red, x.dtype()), big, {}));
-  Value m = b.reduce_arg(where(valid, xr, init), dim + 1, is_max).first;
-  std::vector<int64_t> keep;
-  for (int64_t k = 0; k <= r; ++k)
-    if (k != dim + 1) keep.push_back(k);
-  Ex mb(b, b.broadcast_in_dim(m, big, keep));
-  Ex hit = xr.cmp(Cmp::EQ, mb);
-  if (is_float(x.dtype())) hit = hit.bin("or", xr.cmp(Cmp::NE, xr).bin("and", mb.cmp(Cmp::NE, mb)));
-  Ex last = where(hit.bin("and", valid), src, src.k(-1));
-  return {m, b.reduce(last.v, b.constant(-1, DType::I64), {dim + 1}, Reducer::Max)};
+  const bool is_bool = x.dtype() == DType::Bool;
+  Ex v(b, is_bool ? b.convert(x, DType::U8) : x);
+  Ex m = scan(v, dim, is_max ? Reducer::Max : Reducer::Min);
+  Ex hit = v.cmp(Cmp::EQ, m);
+  if (is_float(x.dtype())) hit = hit.bin("or", v.cmp(Cmp::NE, v).bin("and", m.cmp(Cmp::NE, m)));
+  Ex pos(b, b.iota(Type{DType::I64, x.shape()}, dim));
+  Ex index = scan(where(hit, pos, pos.k(-1)), dim, Reducer::Max);
+  return {is_bool ? b.convert(m.v, DType::Bool) : m.v, index.v};
 }
 
 TPU_LOWERING(reduce_sum_mean) {

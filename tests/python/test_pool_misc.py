@@ -13,6 +13,9 @@ from conftest import assert_tpu_close
 TOL = {"rtol": 1e-4, "atol": 1e-4}
 
 
+nan, inf = float("nan"), float("inf")
+
+
 def _f(*shape):
     return torch.randn(*shape).requires_grad_(True)
 
@@ -89,6 +92,11 @@ CASES = {
     "cummin_bool": (
         lambda x: torch.cummin(x, 0),
         lambda: [torch.tensor([True, True, False, True, False])],
+    ),
+    # NaN sticks from its first position with the last NaN's index; ties keep the last.
+    "cummax_cummin_nan_ties": (
+        lambda x: (*torch.cummax(x, 1), *torch.cummin(x, 1)),
+        lambda: [torch.tensor([[1, nan, 2, 2, nan, 0], [3, 3, -inf, 3, -0.0, 0.0]])],
     ),
     "cummax_neg_inf": (
         lambda x: torch.cummax(x, 0),
