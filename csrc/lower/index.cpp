@@ -145,18 +145,36 @@ Value index_put_mask(Builder& b, Value x, int64_t d, Value mask, Value vals, boo
 
 // For each value, the count of sequence entries < value (<= when right), with
 // the sequence along the last dim (1-D sequences apply to every value).
+// torch's binary search over the sorted last dim of seq, step for step: right of
+// an entry unless it is >= the value (> with `right`), so a NaN entry sends the
+// search right and a NaN value ends past every entry. One gather per halving;
+// comparing every pair took 3 s for 64 x 4096 values in rows of 4096.
 Value insertion_points(Builder& b, Value seq, Value vals, bool right) {
   DType t = promote(seq.dtype(), vals.dtype());
-  Value v = b.convert(vals, t);
-  Shape vs = v.shape();
-  vs.push_back(1);
-  Ex ve(b, b.reshape(v, vs));
-  Shape ss = seq.shape();
-  ss.insert(ss.end() - 1, 1);
-  Ex se(b, b.reshape(b.convert(seq, t), ss));
-  Ex before = right ? se.cmp(Cmp::LE, ve) : se.cmp(Cmp::LT, ve);
-  Value cnt = before.to(DType::I64).v;
-  return b.reduce(cnt, b.constant(0, DType::I64), {cnt.rank() - 1}, hlo::Reducer::Add);
+  Value v = b.convert(vals, t), s = b.convert(seq, t);
+  const int64_t m = s.shape().back();
+  const Shape out = v.shape();
+  const bool batched = s.rank() > 1;
+  const int64_t rows = batched ? s.type.numel() / m : 1;
+  if (batched) {
+    s = b.reshape(s, {rows, m});
+    v = b.reshape(v, {rows, v.type.numel() / rows});
+  } else {
+    v = b.reshape(v, {v.type.numel()});
+  }
+  Ex ve(b, v);
+  const Type it{DType::I64, v.shape()};
+  Ex lo(b, b.splat(0, it)), hi(b, b.splat(static_cast<double>(m), it));
+  for (int64_t span = m; span > 0; span /= 2) {
+    Ex mid = (lo + hi).bin("shift_right_logical", lo.k(1));
+    Value at = minimum(mid, mid.k(static_cast<double>(m - 1))).v;
+    Ex sm(b, batched ? b.take_along(s, at, 1) : b.gather_flat(s, at));
+    Ex stop = right ? sm.cmp(Cmp::GT, ve) : sm.cmp(Cmp::GE, ve);
+    Ex go = stop.un("not").bin("and", mid.cmp(Cmp::LT, hi));
+    lo = where(go, mid + 1.0, lo);
+    hi = where(go, hi, mid);
+  }
+  return b.reshape(lo.v, out);
 }
 
 TPU_LOWERING(index_ops) {

@@ -217,6 +217,23 @@ CASES = {
         lambda s, v: torch.searchsorted(s, v, sorter=torch.argsort(s)),
         lambda: [torch.randn(7), torch.randn(3, 4)],
     ),
+    # torch's binary search step for step: a NaN value lands past every entry, a
+    # NaN entry sends the search right; duplicates, batched rows, both sides.
+    "searchsorted_nan_dups": (
+        lambda s, v: (
+            torch.searchsorted(s, v),
+            torch.searchsorted(s, v, right=True),
+            torch.bucketize(v, s[0, 0], out_int32=True),
+        ),
+        lambda: [
+            torch.tensor([[[-1.0, 0.5, 0.5, 2.0, 3.0, nan], [0, 0, 0, 1, 1, inf]]]),
+            torch.tensor([[[2.5, 0.5, nan, -inf, 4.0], [0.0, 1.0, nan, 7.0, -1.0]]]),
+        ],
+    ),
+    "searchsorted_long_rows": (
+        lambda s, v: torch.searchsorted(s, v, side="right"),
+        lambda: [torch.sort(torch.randint(-50, 50, (3, 300)).float(), -1)[0], _f(3, 40) * 30],
+    ),
     "histogram": (lambda x: torch.histogram(x, 6), lambda: [torch.randn(40)]),
     "histogram_range_density_weight": (
         lambda x, w: torch.histogram(x, 5, range=(-1.0, 1.5), weight=w, density=True),
