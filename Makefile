@@ -80,6 +80,7 @@ demo-pack: build
 
 bench: build $(PEER)
 	$(VPY) bench/run.py
+	$(VPY) bench/ops.py
 	$(VPY) bench/dist.py
 	$(VPY) bench/dist_threads.py
 	$(VPY) bench/shapes.py
