@@ -400,11 +400,65 @@ std::pair<Value, Value> Builder::kth_smallest(Value x, int64_t dim, Value k) {
 // low half the index (so keys are unique and ties keep their order) shifted left
 // by one over the value's sign bit, which restores -0.0 and NaN's sign after
 // both were folded (to 0.0 and one NaN) so that they compare as torch does.
+namespace {
+
+// Unique u64 keys sorted along dim. Keys are unique, so an unstable sort is
+// exact. XLA:CPU walks a non-minor dim with a strided iterator, several times
+// slower: the rows are sorted instead.
+Value sort_keys(Builder& b, Value key, int64_t dim) {
+  const int64_t last = key.rank() - 1;
+  if (dim == last) return b.sort({key}, last, false, /*stable=*/false)[0];
+  std::vector<int64_t> perm(static_cast<size_t>(key.rank()));
+  for (int64_t i = 0; i <= last; ++i) perm[i] = i;
+  std::swap(perm[dim], perm[last]);  // its own inverse
+  return b.transpose(b.sort({b.transpose(key, perm)}, last, false, false)[0], perm);
+}
+
+// (high << 32) | low of two U32 values.
+Value pack(Builder& b, Value high, Value low) {
+  Value shift = b.splat(32, Type{DType::U64, high.shape()});
+  return b.binary("or", b.binary("shift_left", b.convert(high, DType::U64), shift),
+                  b.convert(low, DType::U64));
+}
+
+// A stable sort of 64-bit values as two sorts of one key each, least significant
+// half first: (low half, index), then (high half, rank after the first sort).
+std::pair<Value, Value> sort_indexed_wide(Builder& b, Value x, int64_t dim, bool descending) {
+  const DType dt = x.dtype();
+  const Type u64{DType::U64, x.shape()}, u32{DType::U32, x.shape()};
+  auto k64 = [&](double v) { return b.splat(v, u64); };
+  Value key;
+  if (is_float(dt)) {  // F64: NaN folded to one largest NaN, -0.0 to 0.0
+    Value bits = b.bitcast_convert(x, DType::U64);
+    Value folded = b.select(b.compare(Cmp::NE, x, x), k64(9221120237041090560.0),
+                            b.select(b.compare(Cmp::EQ, x, b.splat(0.0, x.type)), k64(0), bits));
+    Value neg = b.binary("subtract", k64(0), b.binary("shift_right_logical", folded, k64(63)));
+    key = b.binary("xor", folded, b.binary("or", neg, k64(9223372036854775808.0)));
+  } else {
+    key = b.bitcast_convert(x, DType::U64);
+    if (is_signed_int(dt)) key = b.binary("xor", key, k64(9223372036854775808.0));
+  }
+  if (descending) key = b.unary("not", key);
+  Value high = b.convert(b.binary("shift_right_logical", key, k64(32)), DType::U32);
+  Value low = b.convert(key, DType::U32);
+  Value pos = b.iota(u32, dim);
+  Value first = b.convert(sort_keys(b, pack(b, low, pos), dim), DType::U32);  // original index
+  Value second = b.convert(sort_keys(b, pack(b, b.take_along(high, first, dim), pos), dim),
+                           DType::U32);  // rank
+  Value index = b.convert(b.take_along(first, second, dim), DType::I64);
+  return {b.take_along(x, index, dim), index};
+}
+
+}  // namespace
+
 std::pair<Value, Value> Builder::sort_indexed(Value x, int64_t dim, bool descending) {
   if (dim < 0 || dim >= x.rank())
     fail("sort", "dim " + std::to_string(dim) + " out of range for " + x.type.str());
   const DType dt = x.dtype();
-  const bool packable = itemsize(dt) <= 4 && !is_complex(dt) && x.shape()[dim] < (int64_t{1} << 31);
+  const int64_t n = x.shape()[dim];
+  if (itemsize(dt) == 8 && !is_complex(dt) && n < (int64_t{1} << 32))
+    return sort_indexed_wide(*this, x, dim, descending);
+  const bool packable = itemsize(dt) <= 4 && !is_complex(dt) && n < (int64_t{1} << 31);
   if (!packable) {
     auto s = sort({x, iota(Type{DType::I64, x.shape()}, dim)}, dim, descending);
     return {s[0], s[1]};
@@ -418,17 +472,7 @@ std::pair<Value, Value> Builder::sort_indexed(Value x, int64_t dim, bool descend
   if (descending) hi = unary("not", hi);
   Value lo = binary("or", binary("shift_left", iota(u32, dim), k32(1)), sign);
   Value shift = splat(32, u64);
-  Value key =
-      binary("or", binary("shift_left", convert(hi, DType::U64), shift), convert(lo, DType::U64));
-  // Keys are unique, so an unstable sort is exact. XLA:CPU walks a non-minor
-  // dim with a strided iterator, several times slower: sort the rows instead.
-  const int64_t last = x.rank() - 1;
-  std::vector<int64_t> perm(static_cast<size_t>(x.rank()));
-  for (int64_t i = 0; i <= last; ++i) perm[i] = i;
-  std::swap(perm[dim], perm[last]);  // its own inverse
-  if (dim != last) key = transpose(key, perm);
-  key = sort({key}, last, false, /*stable=*/false)[0];
-  if (dim != last) key = transpose(key, perm);
+  Value key = sort_keys(*this, pack(*this, hi, lo), dim);
 
   Value h = convert(binary("shift_right_logical", key, shift), DType::U32);
   Value l = convert(key, DType::U32);  // the low half

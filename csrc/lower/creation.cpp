@@ -248,7 +248,7 @@ TPU_LOWERING(creation_random) {
     int64_t n = c.out(0).numel();
     Value state = c.rng_state(2 * n);
     Value keys = b.rng_bit_generator(state, Type{DType::U64, {n}}).second;
-    return {b.sort({keys, b.iota(Type{DType::I64, {n}}, 0)}, 0, false)[1]};
+    return {b.sort_indexed(keys, 0, false).second};
   });
 }
 

@@ -540,17 +540,36 @@ TEST(HloRun, SortIndexedPacksValueAndIndex) {
   EXPECT_TRUE(std::signbit(down[4]) && !std::signbit(down[5]));  // zeros in index order
   expect_vec<int32_t>(out[4], {3, 2}, {-7, -7, 5, 2, 5, 2});
   expect_vec<int64_t>(out[5], {3, 2}, {2, 0, 0, 1, 1, 2});
-  // One single-operand unstable sort per call; 64-bit values keep value + index.
-  for (DType t : {DType::F32, DType::BF16, DType::I8, DType::Bool, DType::F64}) {
+  // One single-operand unstable sort per call; 64-bit values take two (low half,
+  // then high half), and no sort keeps a comparator over two operands.
+  for (DType t : {DType::F32, DType::BF16, DType::I8, DType::Bool, DType::F64, DType::I64}) {
     Builder b;
     auto [v, i] = b.sort_indexed(b.param(Type{t, {4, 6}}), 0, false);
     b.ret({v, i});
     std::string m = b.module();
-    EXPECT_EQ(occurrences(m, "\"stablehlo.sort\""), 1u) << m;
-    bool packed = t != DType::F64;
-    EXPECT_EQ(m.find("is_stable = false") != std::string::npos, packed) << m;
-    EXPECT_EQ(m.find("(tensor<6x4xui64>) -> tensor<6x4xui64>") != std::string::npos, packed) << m;
+    const size_t sorts = itemsize(t) == 8 ? 2 : 1;
+    EXPECT_EQ(occurrences(m, "\"stablehlo.sort\""), sorts) << m;
+    EXPECT_EQ(occurrences(m, "is_stable = false"), sorts) << m;
+    EXPECT_EQ(occurrences(m, "(tensor<6x4xui64>) -> tensor<6x4xui64>"), sorts) << m;
   }
+}
+
+// 64-bit values sort stably in two passes: ties by index, NaN largest, -0.0 equal
+// to 0.0, extremes of int64 in order, values bit for bit.
+TEST(HloRun, SortIndexedWideTakesTwoPasses) {
+  double nan = std::numeric_limits<double>::quiet_NaN();
+  Host d = Host::of(DType::F64, {7}, std::vector<double>{1, nan, -0.0, 0.0, -nan, 1, -1e300});
+  const int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+  Host n = i64({6}, {hi, 5, lo, 5, -1, (int64_t{1} << 32) + 5});
+  auto out = run_fn({d, n}, [](Builder& b, std::vector<Value> p) {
+    auto up = b.sort_indexed(p[0], 0, false), down = b.sort_indexed(p[1], 0, true);
+    return std::vector<Value>{up.first, up.second, down.first, down.second};
+  });
+  expect_vec<double>(out[0], {7}, {-1e300, 0, 0, 1, 1, nan, nan});
+  expect_vec<int64_t>(out[1], {7}, {6, 2, 3, 0, 5, 1, 4});
+  EXPECT_TRUE(std::signbit(out[0].vec<double>()[1]));  // the -0.0 at index 2
+  expect_vec<int64_t>(out[2], {6}, {hi, (int64_t{1} << 32) + 5, 5, 5, -1, lo});
+  expect_vec<int64_t>(out[3], {6}, {0, 5, 1, 3, 4, 2});
 }
 
 // The k-th smallest along a dim by its key bits, NaN largest and -0.0 equal to 0.0;
