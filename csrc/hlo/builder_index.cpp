@@ -393,13 +393,6 @@ std::pair<Value, Value> Builder::kth_smallest(Value x, int64_t dim, Value k) {
   return {take_along(x, index, dim), index};
 }
 
-// XLA:CPU sorts one operand under a bare `a < b` comparator with std::sort, but
-// calls the compiled comparator per comparison otherwise (several times slower
-// on a [512, 512] float). Values of 32 bits or less therefore travel with their
-// index in one u64 key: the high half an order-preserving map of the value, the
-// low half the index (so keys are unique and ties keep their order) shifted left
-// by one over the value's sign bit, which restores -0.0 and NaN's sign after
-// both were folded (to 0.0 and one NaN) so that they compare as torch does.
 namespace {
 
 // Unique u64 keys sorted along dim. Keys are unique, so an unstable sort is
@@ -451,6 +444,13 @@ std::pair<Value, Value> sort_indexed_wide(Builder& b, Value x, int64_t dim, bool
 
 }  // namespace
 
+// XLA:CPU sorts one operand under a bare `a < b` comparator with std::sort, but
+// calls the compiled comparator per comparison otherwise (several times slower
+// on a [512, 512] float). Values of 32 bits or less therefore travel with their
+// index in one u64 key: the high half an order-preserving map of the value, the
+// low half the index (so keys are unique and ties keep their order) shifted left
+// by one over the value's sign bit, which restores -0.0 and NaN's sign after
+// both were folded (to 0.0 and one NaN) so that they compare as torch does.
 std::pair<Value, Value> Builder::sort_indexed(Value x, int64_t dim, bool descending) {
   if (dim < 0 || dim >= x.rank())
     fail("sort", "dim " + std::to_string(dim) + " out of range for " + x.type.str());
