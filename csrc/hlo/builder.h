@@ -210,9 +210,10 @@ class Builder {
   // Stable sort of x along dim with each element's original index there (I64), as
   // torch.sort(stable=True): NaN counts largest, -0.0 equals 0.0.
   std::pair<Value, Value> sort_indexed(Value x, int64_t dim, bool descending);
-  // An order-preserving U32 key of a value of at most 32 bits: keys compare as torch
-  // compares values, -0.0 equal to 0.0, every NaN equal and above +inf.
-  Value order_key32(Value x);
+  // An order-preserving unsigned key of x (U32 up to 32 bits, U64 for 64-bit values):
+  // keys compare as torch compares values, -0.0 equal to 0.0, every NaN equal and
+  // above +inf.
+  Value order_key(Value x);
   // The k-th smallest along dim (0-based; k I64 of x's shape with 1 at dim), in that
   // order, and the first index holding it, dim kept at size 1.
   std::pair<Value, Value> kth_smallest(Value x, int64_t dim, Value k);

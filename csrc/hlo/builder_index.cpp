@@ -334,24 +334,28 @@ std::vector<Value> Builder::sort(const std::vector<Value>& xs, int64_t dim, bool
   return emit_multi(generic("sort", xs, attrs, outs, body), outs);
 }
 
-Value Builder::order_key32(Value x) {
+Value Builder::order_key(Value x) {
   const DType dt = x.dtype();
-  if (itemsize(dt) > 4 || is_complex(dt))
-    fail("order_key32", "needs at most 32 bits, got " + x.type.str());
-  const Type u32{DType::U32, x.shape()};
-  auto k32 = [&](double v) { return splat(v, u32); };
+  if (itemsize(dt) > 8 || is_complex(dt))
+    fail("order_key", "needs a real value of at most 64 bits, got " + x.type.str());
+  const bool wide = itemsize(dt) == 8;
+  const DType ut = wide ? DType::U64 : DType::U32;
+  const Type u{ut, x.shape()};
+  auto k = [&](double v) { return splat(v, u); };
+  const double sign = wide ? 9223372036854775808.0 : 2147483648.0;  // the top bit
   if (!is_float(dt)) {
     const bool is_signed = is_signed_int(dt);
-    Value u = bitcast_convert(convert(x, is_signed ? DType::I32 : DType::U32), DType::U32);
-    return is_signed ? binary("xor", u, k32(0x80000000u)) : u;
+    Value v = bitcast_convert(convert(x, is_signed ? (wide ? DType::I64 : DType::I32) : ut), ut);
+    return is_signed ? binary("xor", v, k(sign)) : v;
   }
-  Value f = convert(x, DType::F32);  // exact for F16 and BF16
-  Value bits = bitcast_convert(f, DType::U32);
-  Value folded = select(compare(Cmp::NE, f, f), k32(0x7FC00000),
-                        select(compare(Cmp::EQ, f, splat(0.0, f.type)), k32(0), bits));
+  Value f = convert(x, wide ? DType::F64 : DType::F32);  // exact for F16 and BF16
+  Value bits = bitcast_convert(f, ut);
+  const double quiet_nan = wide ? 9221120237041090560.0 : 2143289344.0;  // positive
+  Value folded = select(compare(Cmp::NE, f, f), k(quiet_nan),
+                        select(compare(Cmp::EQ, f, splat(0.0, f.type)), k(0), bits));
   // Negative floats flip every bit, the others only the sign bit.
-  Value neg = binary("subtract", k32(0), binary("shift_right_logical", folded, k32(31)));
-  return binary("xor", folded, binary("or", neg, k32(0x80000000u)));
+  Value neg = binary("subtract", k(0), binary("shift_right_logical", folded, k(wide ? 63 : 31)));
+  return binary("xor", folded, binary("or", neg, k(sign)));
 }
 
 // A radix select: the answer's key bits from the top, each kept when fewer than k+1
@@ -371,7 +375,7 @@ std::pair<Value, Value> Builder::kth_smallest(Value x, int64_t dim, Value k) {
   }
   const std::vector<int64_t> all = range(x.rank());
   auto spread = [&](Value v) { return broadcast_in_dim(v, x.shape(), all); };
-  Value key = order_key32(x);
+  Value key = order_key(x);
   Value k32 = convert(k, DType::I32);
   const Type kt{DType::U32, ks};
   // A loop over the bits, so the program stays one pass's size (unrolled, the
@@ -417,24 +421,11 @@ Value pack(Builder& b, Value high, Value low) {
 // A stable sort of 64-bit values as two sorts of one key each, least significant
 // half first: (low half, index), then (high half, rank after the first sort).
 std::pair<Value, Value> sort_indexed_wide(Builder& b, Value x, int64_t dim, bool descending) {
-  const DType dt = x.dtype();
-  const Type u64{DType::U64, x.shape()}, u32{DType::U32, x.shape()};
-  auto k64 = [&](double v) { return b.splat(v, u64); };
-  Value key;
-  if (is_float(dt)) {  // F64: NaN folded to one largest NaN, -0.0 to 0.0
-    Value bits = b.bitcast_convert(x, DType::U64);
-    Value folded = b.select(b.compare(Cmp::NE, x, x), k64(9221120237041090560.0),
-                            b.select(b.compare(Cmp::EQ, x, b.splat(0.0, x.type)), k64(0), bits));
-    Value neg = b.binary("subtract", k64(0), b.binary("shift_right_logical", folded, k64(63)));
-    key = b.binary("xor", folded, b.binary("or", neg, k64(9223372036854775808.0)));
-  } else {
-    key = b.bitcast_convert(x, DType::U64);
-    if (is_signed_int(dt)) key = b.binary("xor", key, k64(9223372036854775808.0));
-  }
+  Value key = b.order_key(x);
   if (descending) key = b.unary("not", key);
-  Value high = b.convert(b.binary("shift_right_logical", key, k64(32)), DType::U32);
+  Value high = b.convert(b.binary("shift_right_logical", key, b.splat(32, key.type)), DType::U32);
   Value low = b.convert(key, DType::U32);
-  Value pos = b.iota(u32, dim);
+  Value pos = b.iota(Type{DType::U32, x.shape()}, dim);
   Value first = b.convert(sort_keys(b, pack(b, low, pos), dim), DType::U32);  // original index
   Value second = b.convert(sort_keys(b, pack(b, b.take_along(high, first, dim), pos), dim),
                            DType::U32);  // rank
@@ -465,7 +456,7 @@ std::pair<Value, Value> Builder::sort_indexed(Value x, int64_t dim, bool descend
   }
   const Type u32{DType::U32, x.shape()}, u64{DType::U64, x.shape()};
   auto k32 = [&](double v) { return splat(v, u32); };
-  Value hi = order_key32(x);
+  Value hi = order_key(x);
   Value sign = is_float(dt) ? binary("shift_right_logical",
                                      bitcast_convert(convert(x, DType::F32), DType::U32), k32(31))
                             : k32(0);
