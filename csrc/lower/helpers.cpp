@@ -301,6 +301,18 @@ Value contract(Builder& b, Value x, int64_t d, Value m, int64_t md) {
   return b.transpose(y, perm);
 }
 
+Value roll_dim(Builder& b, Value x, int64_t shift, int64_t dim) {
+  int64_t n = x.shape()[dim];
+  if (n == 0) return x;
+  int64_t s = ((shift % n) + n) % n;
+  if (s == 0) return x;
+  Shape lo(x.rank(), 0), hi = x.shape();
+  Shape a_lo = lo, a_hi = hi, b_lo = lo, b_hi = hi;
+  a_lo[dim] = n - s;
+  b_hi[dim] = n - s;
+  return b.concatenate({b.slice(x, a_lo, a_hi, {}), b.slice(x, b_lo, b_hi, {})}, dim);
+}
+
 Value wrap_index(Builder& b, Value idx, int64_t size) {
   Ex i(b, b.convert(idx, DType::I64));
   return where(i.cmp(hlo::Cmp::LT, i.k(0)), i + static_cast<double>(size), i);

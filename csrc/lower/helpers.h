@@ -8,6 +8,8 @@ namespace torchtpu::lower {
 Value broadcast_to(Builder& b, Value x, const Shape& shape);
 // Converts and broadcasts x to exactly `t`.
 Value coerce(Builder& b, Value x, const Type& t);
+// Rotates x by `shift` along dim (torch.roll: element i moves to i + shift).
+Value roll_dim(Builder& b, Value x, int64_t shift, int64_t dim);
 // Integer index as i64 with negative entries counted from the end of `size`.
 Value wrap_index(Builder& b, Value idx, int64_t size);
 // Constant of type t filled with v.

@@ -298,19 +298,9 @@ TPU_LOWERING(reduce_minmax) {
     int64_t r = x.rank(), dim = wrap_dim(c.i64(1), r), n = x.shape()[dim];
     auto [sorted, index] = b.sort_indexed(x, dim, false);
     Ex sv(b, sorted);
-    // Each entry beside its neighbours along dim (the ends compare unequal to a
-    // copy of themselves shifted out: NaN is unequal to everything anyway).
-    Shape head = x.shape(), lo(r, 0), hi = x.shape();
-    head[dim] = 1;
-    lo[dim] = 1;
-    hi[dim] = n - 1;
-    Shape zero(r, 0), tail(r, 0);
-    tail[dim] = n - 1;
-    Ex prev(b,
-            b.concatenate({b.slice(sorted, zero, head, {}), b.slice(sorted, zero, hi, {})}, dim));
-    Ex next(
-        b, b.concatenate({b.slice(sorted, lo, x.shape(), {}), b.slice(sorted, tail, x.shape(), {})},
-                         dim));
+    // Each entry beside its neighbours along dim; the entries the rolls wrap
+    // around to the ends are masked by position below.
+    Ex prev(b, roll_dim(b, sorted, 1, dim)), next(b, roll_dim(b, sorted, -1, dim));
     Ex pos(b, b.iota(Type{DType::I32, x.shape()}, dim));
     Ex first = pos.cmp(Cmp::EQ, pos.k(0)).bin("or", sv.cmp(Cmp::NE, prev));
     Ex last = pos.cmp(Cmp::EQ, pos.k(static_cast<double>(n - 1))).bin("or", sv.cmp(Cmp::NE, next));

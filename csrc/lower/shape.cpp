@@ -16,19 +16,6 @@ using V = std::vector<Value>;
 
 Value at_least_1d(Builder& b, Value x) { return x.rank() == 0 ? b.reshape(x, {1}) : x; }
 
-// Rotates x by `shift` along dim (torch.roll: element i moves to i + shift).
-Value roll_dim(Builder& b, Value x, int64_t shift, int64_t dim) {
-  int64_t n = x.shape()[dim];
-  if (n == 0) return x;
-  int64_t s = ((shift % n) + n) % n;
-  if (s == 0) return x;
-  Shape lo(x.rank(), 0), hi = x.shape();
-  Shape a_lo = lo, a_hi = hi, b_lo = lo, b_hi = hi;
-  a_lo[dim] = n - s;
-  b_hi[dim] = n - s;
-  return b.concatenate({b.slice(x, a_lo, a_hi, {}), b.slice(x, b_lo, b_hi, {})}, dim);
-}
-
 // Values and int64 indices of a stable sort along dim.
 V sort_with_indices(Builder& b, Value x, int64_t dim, bool descending) {
   x = at_least_1d(b, x);
