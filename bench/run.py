@@ -67,7 +67,9 @@ class Trainer:
     (forward, backward, clip, step, loss.item()). With `backend`, the model runs under
     torch.compile with that backend; with `flat`, torchtpu.optim.flatten(optimizer); with
     `compile_step`, clipping and the optimizer step run under torch.compile too (AdamW
-    capturable: its step counts live on the device)."""
+    capturable: its step counts live on the device); with `graph`, the whole step is
+    captured once by torch.tpu.graph (after two warm-up steps) and replayed, each batch
+    copied into the static input tensors first."""
 
     def __init__(
         self,
@@ -77,10 +79,15 @@ class Trainer:
         backend: str | None = None,
         flat: bool = False,
         compile_step: bool = False,
+        graph: bool = False,
     ) -> None:
         torch.manual_seed(0)
         self.model = model_fn().to(device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, capturable=compile_step)
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=1e-3, capturable=compile_step or graph
+        )
+        self.graph = torch.tpu.TPUGraph() if graph else None
+        self.static: list[torch.Tensor] = []  # the captured step's inputs, then its loss
         if flat:
             torchtpu.optim.flatten(self.opt)
         self.fwd = torch.compile(self.model, backend=backend) if backend else self.model
@@ -91,6 +98,31 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
 
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=True)
+        if isinstance(self.model, GPT):
+            out = self.fwd(x, y)
+        else:
+            out = torch.nn.functional.cross_entropy(self.fwd(x), y)
+        out.backward()
+        self.step()
+        return out
+
+    def _graph_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not self.static:
+            self.static = [x.clone(), y.clone()]
+        sx, sy = self.static[:2]
+        sx.copy_(x)
+        sy.copy_(y)
+        if len(self.static) == 3:
+            self.graph.replay()
+        elif self.i <= 2:
+            return self._train_step(sx, sy)
+        else:
+            with torch.tpu.graph(self.graph):
+                self.static.append(self._train_step(sx, sy))
+        return self.static[2]
+
     def run(self, steps: int) -> list[tuple[float, float]]:
         """(seconds per step, host seconds per step before the loss.item() sync)."""
         out_times = []
@@ -98,13 +130,10 @@ class Trainer:
             x, y = (t.to(self.device) for t in self.batches[self.i % len(self.batches)])
             self.i += 1
             t0 = time.perf_counter()
-            self.opt.zero_grad(set_to_none=True)
-            if isinstance(self.model, GPT):
-                out = self.fwd(x, y)
+            if self.graph is None:
+                out = self._train_step(x, y)
             else:
-                out = torch.nn.functional.cross_entropy(self.fwd(x), y)
-            out.backward()
-            self.step()
+                out = self._graph_step(x, y)
             t1 = time.perf_counter()
             out.item()
             out_times.append((time.perf_counter() - t0, t1 - t0))
@@ -286,6 +315,31 @@ class TorchaxPeer:
         self.info = json.loads(line)
         return True
 
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=True)
+        if isinstance(self.model, GPT):
+            out = self.fwd(x, y)
+        else:
+            out = torch.nn.functional.cross_entropy(self.fwd(x), y)
+        out.backward()
+        self.step()
+        return out
+
+    def _graph_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not self.static:
+            self.static = [x.clone(), y.clone()]
+        sx, sy = self.static[:2]
+        sx.copy_(x)
+        sy.copy_(y)
+        if len(self.static) == 3:
+            self.graph.replay()
+        elif self.i <= 2:
+            return self._train_step(sx, sy)
+        else:
+            with torch.tpu.graph(self.graph):
+                self.static.append(self._train_step(sx, sy))
+        return self.static[2]
+
     def run(self, steps: int) -> list[tuple[float, float]]:
         self.proc.stdin.write(f"{steps}\n")
         self.proc.stdin.flush()
@@ -317,6 +371,7 @@ class TorchaxPeer:
 
 COMPILED = 'torch.compile(backend="tpu")'
 STEP_TOO = f"{COMPILED} of the model and of clip + AdamW step"
+GRAPH_ROW = "tpu, whole step captured once and replayed (torch.tpu.graph)"
 
 
 def training_rows(model_fn, batches, all_rows: bool) -> dict:
@@ -346,6 +401,7 @@ def training_rows(model_fn, batches, all_rows: bool) -> dict:
             mode,
             Trainer(model_fn, batches, "tpu", "tpu", compile_step=True),
         )
+    rows[GRAPH_ROW] = ("fused", Trainer(model_fn, batches, "tpu", graph=True))
     return rows
 
 

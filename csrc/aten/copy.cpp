@@ -141,6 +141,20 @@ pjrt::BufferPtr read_moving_view(const at::Tensor& t, const DeviceStorage& st, D
 
 }  // namespace
 
+pjrt::BufferPtr buffer_copy(const pjrt::BufferPtr& buf, int device) {
+  const DType d = buf->dtype();
+  const std::vector<int64_t> dims = buf->dims();
+  std::string key = "Cdup";
+  key.push_back(static_cast<char>(d));
+  for (int64_t n : dims) key.append(std::to_string(n)).push_back(',');
+  return run_internal(
+      "copy_buffer", key,
+      [&](Builder& b) {
+        b.ret({b.param(Type{d, dims})});
+      },
+      {buf}, device)[0];
+}
+
 pjrt::BufferPtr dense_buffer(const at::Tensor& t, const char* why) {
   fused_sync(device_storage(t.storage()), why);
   auto& st = ready_storage(t);

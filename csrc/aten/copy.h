@@ -22,6 +22,8 @@ at::Tensor to_host(const at::Tensor& t, const char* why);
 void device_copy(const at::Tensor& src, const at::Tensor& dst);
 // dst (any view) := contiguous CPU tensor of dst's sizes and dtype.
 void host_to_device(const at::Tensor& src, const at::Tensor& dst);
+// A new buffer holding `buf`'s values (a device-side copy).
+pjrt::BufferPtr buffer_copy(const pjrt::BufferPtr& buf, int device);
 // Replaces the storage's bytes with a zero-initialized allocation of `nbytes`,
 // keeping the leading old contents (untyped_storage().resize_()).
 void resize_storage(const c10::Storage& storage, size_t nbytes);

@@ -88,9 +88,15 @@ struct FlushCapture {
   bool replicated = false;                  // a program held SPMD collectives
 };
 
+// Per storage a capture region saw: a weak reference, so the region can keep
+// the storages its program reads and reach those it writes (replay.cpp).
+using RegionStorages =
+    std::unordered_map<const DeviceStorage*, c10::weak_intrusive_ptr<c10::StorageImpl>>;
+
 struct Graph {
   std::recursive_mutex mu;
   FlushCapture* capture = nullptr;
+  RegionStorages* region = nullptr;  // set while a capture region records
   std::vector<Node> nodes;
   std::vector<GraphSlot> slots;
   std::unordered_map<const DeviceStorage*, int> slot_of;

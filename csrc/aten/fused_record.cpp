@@ -73,6 +73,8 @@ c10::IValue strip(Graph& g, Node& node, int arg, const c10::IValue& v) {
     }
     d.kind = TensorDesc::Device;
     d.slot = slot_for(g, &device_storage(t.storage()));
+    if (g.region)
+      g.region->insert_or_assign(&device_storage(t.storage()), t.storage().getWeakStorageImpl());
     d.dtype = t.scalar_type();
     d.sizes = t.sizes().vec();
     d.strides = t.strides().vec();
@@ -276,7 +278,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
                g.read_ahead.cut_here(g.prefix, g.nodes.size())) {
       flush_locked(g, "read_ahead");
       g.ahead = true;
-    } else if (g.nodes.size() >= max_ops()) {
+    } else if (g.nodes.size() >= max_ops() && !g.region) {  // a capture region is one program
       flush_locked(g, "size_cap");
     }
   }
@@ -331,6 +333,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
       g.slots.push_back({st, nullptr, SlotState{false, t.dtype, st->nbytes, true}});
       node.out_slots[k] = static_cast<int>(g.slots.size()) - 1;
       g.slot_of.emplace(st, node.out_slots[k]);
+      if (g.region) g.region->insert_or_assign(st, out.storage().getWeakStorageImpl());
       fresh.push_back(std::move(out));
     }
   }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "aten/copy.h"
 #include "aten/fused.h"
 #include "aten/fused_graph.h"
 #include "aten/generator.h"
@@ -326,6 +327,204 @@ void refuse_capture(const std::string& why) {
 void release_graph(int64_t handle) {
   std::lock_guard<std::mutex> l(g_mu);
   g_replays.erase(handle);
+}
+
+namespace {
+
+// A captured region: per program input, the storage it reads (kept alive), or
+// a constant buffer, or random numbers; per result, the storage it becomes.
+struct Region {
+  std::shared_ptr<const ProgramEntry> entry;
+  int device = 0;
+  std::vector<c10::Storage> in_storage;  // undefined: not a storage input
+  std::vector<pjrt::BufferPtr> in_const;
+  std::vector<int64_t> in_rng;
+  std::vector<char> in_donated;
+  std::vector<std::pair<DType, size_t>> in_layout;  // storage inputs: dtype and bytes
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> out_storage;
+};
+
+std::unordered_map<int64_t, std::shared_ptr<const Region>> g_regions;  // under g_mu
+thread_local fused::Graph* t_region_graph = nullptr;
+thread_local fused::RegionStorages* t_region_seen = nullptr;
+
+// Stops recording this thread's region; returns what it saw.
+std::unique_ptr<fused::RegionStorages> leave_region(fused::Graph& g) {
+  std::unique_ptr<fused::RegionStorages> seen(std::exchange(t_region_seen, nullptr));
+  g.region = nullptr;
+  t_region_graph = nullptr;
+  set_compiled_graph(false);
+  return seen;
+}
+
+std::shared_ptr<Region> build_region(const fused::FlushCapture& c,
+                                     const fused::RegionStorages& seen, int device) {
+  if (c.parts != 1 || !c.entry)
+    throw std::runtime_error("it ran as " + std::to_string(c.parts) + " programs");
+  if (c.replicated) throw std::runtime_error("it holds SPMD collectives");
+  auto r = std::make_shared<Region>();
+  r->entry = c.entry;
+  r->device = device;
+  auto storage_of = [&](const DeviceStorage* st) -> c10::Storage {
+    auto it = seen.find(st);
+    if (it == seen.end()) return {};
+    auto impl = it->second.lock();
+    return impl ? c10::Storage(std::move(impl)) : c10::Storage();
+  };
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const bool is_input = i < c.entry->inputs.size();
+    const auto kind = is_input ? c.entry->inputs[i].kind : InputSource::Host;
+    c10::Storage st;
+    if (kind == InputSource::Storage && c.in_storage[i]) {
+      st = storage_of(c.in_storage[i]);
+      if (!st) throw std::runtime_error("it reads a tpu storage it cannot keep");
+    } else if (kind == InputSource::Rng && c.rng_generator[i]) {
+      throw std::runtime_error("it draws from an explicit generator");
+    }
+    // A storage that died during the capture keeps the value it had then.
+    const bool rng = kind == InputSource::Rng;
+    r->in_layout.emplace_back(c.inputs[i] ? c.inputs[i]->dtype() : DType::U8,
+                              st ? device_storage(st).nbytes : 0);
+    r->in_storage.push_back(std::move(st));
+    r->in_const.push_back(r->in_storage.back() || rng ? nullptr : c.inputs[i]);
+    r->in_rng.push_back(rng ? c.rng_numel[i] : -1);
+    r->in_donated.push_back(c.donated[i]);
+  }
+  for (const DeviceStorage* st : c.out_storage) {
+    auto it = st ? seen.find(st) : seen.end();
+    r->out_storage.push_back(it == seen.end() ? c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                                    c10::intrusive_ptr<c10::StorageImpl>())
+                                              : it->second);
+  }
+  return r;
+}
+
+}  // namespace
+
+bool region_capturing() { return t_region_graph != nullptr; }
+
+void region_begin() {
+  TORCH_CHECK(!t_region_graph, "[tpu] a graph capture is already running on this thread");
+  fused_flush("graph_capture");
+  fused::Graph& g = fused::graph(current_device());
+  fused::GraphLock lock(g);
+  TORCH_CHECK(!g.region, "[tpu] another thread captures a graph on tpu:", g.device);
+  t_region_seen = new fused::RegionStorages();
+  g.region = t_region_seen;
+  t_region_graph = &g;
+  set_compiled_graph(true);
+  t_begin = Counters::now();
+}
+
+void region_abort() {
+  if (!t_region_graph) return;
+  fused::Graph& g = *t_region_graph;
+  fused::GraphLock lock(g);
+  leave_region(g);
+  t_begin.reset();
+  fused::flush_locked(g, "graph_capture");
+}
+
+int64_t region_end() {
+  TORCH_CHECK(t_region_graph, "[tpu] no graph capture is running on this thread");
+  fused::Graph& g = *t_region_graph;
+  fused::GraphLock lock(g);
+  std::unique_ptr<fused::RegionStorages> seen = leave_region(g);
+  const Counters before = *std::exchange(t_begin, std::nullopt);
+  const Counters now = Counters::now();
+  std::string why;
+  if (g.nodes.empty())
+    why = "it recorded no tpu ops";
+  else if (now.host_syncs != before.host_syncs)
+    why =
+        "the host read a tpu value during the capture (.item(), .cpu(), printing, "
+        "a data-dependent size)";
+  else if (now.fallbacks != before.fallbacks || now.host_ops != before.host_ops)
+    why = "an op ran on the CPU during the capture";
+  else if (now.executions != before.executions || now.fused_graphs != before.fused_graphs)
+    why = "a program ran during the capture (a graph cut, or an op run on its own)";
+  else if (now.fused_ops - before.fused_ops != static_cast<int64_t>(g.nodes.size()))
+    why = "ops were recorded on another tpu device";
+  fused::FlushCapture cap;
+  if (why.empty()) g.capture = &cap;
+  try {
+    fused::flush_locked(g, "graph_capture");
+  } catch (...) {
+    g.capture = nullptr;
+    throw;
+  }
+  g.capture = nullptr;
+  std::shared_ptr<Region> r;
+  if (why.empty()) {
+    try {
+      r = build_region(cap, *seen, g.device);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  TORCH_CHECK(r, "[tpu] torch.tpu.graph: the captured region cannot be replayed: ", why,
+              ". The region's work ran once, as recorded. Warm up before capturing (the "
+              "first steps compile and create optimizer state), keep host reads and "
+              "CPU work outside the region, and use capturable=True optimizers.");
+  std::lock_guard<std::mutex> l(g_mu);
+  g_regions.emplace(++g_next, std::move(r));
+  return g_next;
+}
+
+void region_replay(int64_t handle) {
+  std::shared_ptr<const Region> r;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = g_regions.find(handle);
+    TORCH_CHECK(it != g_regions.end(), "[tpu] no captured graph ", handle);
+    r = it->second;
+  }
+  TORCH_CHECK(!t_region_graph, "[tpu] TPUGraph.replay() inside a graph capture");
+  // Work recorded before the replay comes before it.
+  fused_flush_device(r->device, "graph_replay");
+  const size_t n = r->in_storage.size();
+  std::vector<pjrt::BufferPtr> inputs(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (r->in_rng[i] >= 0) {
+      uint64_t state[2];
+      philox_take(std::nullopt, r->device, r->in_rng[i], state);
+      int64_t dims[1] = {2};
+      inputs[i] = client().buffer_from_host(state, DType::U64, dims, r->device);
+      continue;
+    }
+    if (!r->in_storage[i]) {
+      inputs[i] = r->in_const[i];
+      continue;
+    }
+    DeviceStorage& st = device_storage(r->in_storage[i]);
+    if (st.error) TORCH_CHECK(false, *st.error);
+    TORCH_CHECK(
+        st.buffer && st.dtype == r->in_layout[i].first && st.nbytes == r->in_layout[i].second,
+        "[tpu] TPUGraph.replay(): a tensor the graph reads changed its storage's "
+        "size or dtype since the capture (",
+        st.nbytes, " bytes of ", mlir_name(st.dtype), ", captured ", r->in_layout[i].second,
+        " bytes of ", mlir_name(r->in_layout[i].first), "); capture again");
+    inputs[i] = st.buffer;
+    // The program consumes a donated buffer: one that another storage shares
+    // (a whole-tensor copy_ shares buffers) is copied for it.
+    if (r->in_donated[i] && inputs[i].use_count() - inputs[i]->queued_uses() != 2)
+      inputs[i] = buffer_copy(inputs[i], r->device);
+  }
+  std::vector<pjrt::BufferPtr> results = launch(*r->entry, inputs, r->device);
+  inputs.clear();
+  metrics().graph_replays++;
+  for (size_t k = 0; k < results.size(); ++k) {
+    c10::intrusive_ptr<c10::StorageImpl> impl = r->out_storage[k].lock();
+    if (!impl) continue;
+    DeviceStorage& st = device_storage(c10::Storage(std::move(impl)));
+    st.dtype = results[k]->dtype();
+    st.buffer = std::move(results[k]);
+  }
+}
+
+void region_release(int64_t handle) {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_regions.erase(handle);
 }
 
 namespace {

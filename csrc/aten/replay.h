@@ -29,4 +29,20 @@ void refuse_capture(const std::string& why);
 // Frees a captured program (its compiled graph died).
 void release_graph(int64_t handle);
 
+// Capture regions (torch.tpu.graph, as torch.cuda.graph): everything this
+// thread records on the current device between begin and end runs as one
+// program; the region keeps the storages it read, and a replay launches the
+// program again on their current buffers and writes its results to the
+// storages it wrote that are still alive. Host values (Python scalars, CPU
+// tensors) are those of the capture; random numbers are drawn anew.
+void region_begin();
+// Runs what the region recorded; returns a handle for region_replay, or
+// throws (naming why) when it was not one program of recorded calls.
+int64_t region_end();
+// Ends a region without capturing (an exception left it); runs what it recorded.
+void region_abort();
+void region_replay(int64_t handle);
+void region_release(int64_t handle);
+bool region_capturing();
+
 }  // namespace torchtpu::aten

@@ -281,3 +281,7 @@ def get_device_interface() -> type:
     from ._dynamo_interface import TpuInterface
 
     return TpuInterface
+
+
+# torch.cuda's graph names, on torch.tpu.
+from .graphs import TPUGraph, graph, is_current_stream_capturing  # noqa: F401
