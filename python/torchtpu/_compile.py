@@ -102,7 +102,10 @@ def _graph_label() -> str:
 
 def _run_fused(gm: Callable, args: Sequence[Any], capture: bool = False) -> tuple[Any, int]:
     """Runs the graph as one Fused Eager program; with ``capture``, also returns the
-    handle of its captured program (0 when it cannot be replayed)."""
+    handle of its captured program (0 when it cannot be replayed). Inside a
+    torch.tpu.graph capture its ops join the region's one program instead."""
+    if _C.region_capturing():
+        return gm(*args), 0
     _C.flush_reason("compiled_graph")
     handle = 0
     with thread_mode("fused"):
@@ -162,6 +165,8 @@ class _Replays:
 
     def run(self, gm: Callable, args: list, key: Any) -> Any:
         captured = self.by_key.setdefault(key, [])
+        if _C.region_capturing():  # recorded into the region's program, never launched
+            return _run_fused(gm, args)[0]
         if captured:
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             for handle, template, kind in captured:

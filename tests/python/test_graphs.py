@@ -210,3 +210,49 @@ def test_resized_input_is_refused():
     with pytest.raises(RuntimeError, match="changed its storage's size or dtype"):
         g.replay()
     del y
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compiled_model_inside_capture():
+    # A torch.compile'd forward (and its backward graph) join the region's program.
+    torch.manual_seed(0)
+    model = MLP().to("tpu")
+    fwd = torch.compile(model, backend="tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+    batches = _batches("mlp", 6)
+    sx, sy = batches[0][0].to("tpu"), batches[0][1].to("tpu")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(fwd(sx), sy)
+        loss.backward()
+        opt.step()
+        return loss
+
+    losses = []
+    for x, y in batches[:2]:
+        sx.copy_(x)
+        sy.copy_(y)
+        losses.append(step().item())
+    g = torch.tpu.TPUGraph()
+    sx.copy_(batches[2][0])
+    sy.copy_(batches[2][1])
+    with torch.tpu.graph(g):
+        static_loss = step()
+    losses.append(static_loss.item())
+    for x, y in batches[3:]:
+        sx.copy_(x)
+        sy.copy_(y)
+        g.replay()
+        losses.append(static_loss.item())
+    torch.manual_seed(0)
+    ref = MLP()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    want = []
+    for x, y in batches:
+        ref_opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(ref(x), y)
+        loss.backward()
+        ref_opt.step()
+        want.append(loss.item())
+    assert losses == pytest.approx(want, rel=1e-5)
