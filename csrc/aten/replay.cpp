@@ -340,7 +340,12 @@ struct Region {
   std::vector<pjrt::BufferPtr> in_const;
   std::vector<int64_t> in_rng;
   std::vector<char> in_donated;
-  std::vector<std::pair<DType, size_t>> in_layout;  // storage inputs: dtype and bytes
+  struct Layout {
+    DType dtype;
+    int64_t numel;
+    size_t nbytes;
+  };
+  std::vector<Layout> in_layout;  // storage inputs: the buffer's dtype and size, the storage's
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> out_storage;
 };
 
@@ -383,8 +388,9 @@ std::shared_ptr<Region> build_region(const fused::FlushCapture& c,
     }
     // A storage that died during the capture keeps the value it had then.
     const bool rng = kind == InputSource::Rng;
-    r->in_layout.emplace_back(c.inputs[i] ? c.inputs[i]->dtype() : DType::U8,
-                              st ? device_storage(st).nbytes : 0);
+    r->in_layout.push_back({c.inputs[i] ? c.inputs[i]->dtype() : DType::U8,
+                            c.inputs[i] ? c.inputs[i]->numel() : 0,
+                            st ? device_storage(st).nbytes : 0});
     r->in_storage.push_back(std::move(st));
     r->in_const.push_back(r->in_storage.back() || rng ? nullptr : c.inputs[i]);
     r->in_rng.push_back(rng ? c.rng_numel[i] : -1);
@@ -498,12 +504,13 @@ void region_replay(int64_t handle) {
     }
     DeviceStorage& st = device_storage(r->in_storage[i]);
     if (st.error) TORCH_CHECK(false, *st.error);
-    TORCH_CHECK(
-        st.buffer && st.dtype == r->in_layout[i].first && st.nbytes == r->in_layout[i].second,
-        "[tpu] TPUGraph.replay(): a tensor the graph reads changed its storage's "
-        "size or dtype since the capture (",
-        st.nbytes, " bytes of ", mlir_name(st.dtype), ", captured ", r->in_layout[i].second,
-        " bytes of ", mlir_name(r->in_layout[i].first), "); capture again");
+    const Region::Layout& want = r->in_layout[i];
+    TORCH_CHECK(st.buffer && st.buffer->dtype() == want.dtype && st.buffer->numel() == want.numel &&
+                    st.nbytes == want.nbytes,
+                "[tpu] TPUGraph.replay(): a tensor the graph reads changed its storage's "
+                "size or dtype since the capture (",
+                st.nbytes, " bytes of ", mlir_name(st.dtype), ", captured ", want.nbytes,
+                " bytes of ", mlir_name(want.dtype), "); capture again");
     inputs[i] = st.buffer;
     // The program consumes a donated buffer: one that another storage shares
     // (a whole-tensor copy_ shares buffers) is copied for it.
