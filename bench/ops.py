@@ -27,6 +27,7 @@ def _inputs() -> dict[str, torch.Tensor]:
         "idx": torch.randint(0, 512, (512,), generator=g),
         "table": torch.randn(8192, 768, generator=g),
         "tokens": torch.randint(0, 8192, (8, 1024), generator=g),
+        "grad": torch.randn(8, 1024, 768, generator=g),
     }
 
 
@@ -47,6 +48,10 @@ OPS = {
     "index_select_rows": (("x", "idx"), lambda x, i: x.index_select(0, i)),
     "index_select_columns": (("x", "idx"), lambda x, i: x.index_select(1, i)),
     "embedding": (("table", "tokens"), lambda w, t: torch.nn.functional.embedding(t, w)),
+    "embedding_backward": (
+        ("grad", "tokens"),
+        lambda g, t: torch.ops.aten.embedding_dense_backward(g, t, 8192, -1, False),
+    ),
     "index_add_rows": (("x", "idx", "y"), lambda x, i, y: x.index_add(0, i, y)),
     "gather_columns": (("x", "idx"), lambda x, i: x.gather(1, i.view(1, -1).expand(512, -1))),
     "scatter_add_columns": (

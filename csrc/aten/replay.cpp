@@ -347,6 +347,13 @@ struct Region {
   };
   std::vector<Layout> in_layout;  // storage inputs: the buffer's dtype and size, the storage's
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> out_storage;
+  // Returned outputs (region_end's `outs`): a view of a result that each replay
+  // wraps in a new storage (`fresh`, and that result is not written back), or of
+  // a storage the region keeps.
+  std::vector<char> res_returned;
+  std::vector<size_t> res_nbytes;
+  std::vector<OutView> outs;
+  std::vector<c10::Storage> out_kept;  // per output: the kept storage (not fresh)
 };
 
 std::unordered_map<int64_t, std::shared_ptr<const Region>> g_regions;  // under g_mu
@@ -363,7 +370,8 @@ std::unique_ptr<fused::RegionStorages> leave_region(fused::Graph& g) {
 }
 
 std::shared_ptr<Region> build_region(const fused::FlushCapture& c,
-                                     const fused::RegionStorages& seen, int device) {
+                                     const fused::RegionStorages& seen, at::TensorList outs,
+                                     int device) {
   if (c.parts != 1 || !c.entry)
     throw std::runtime_error("it ran as " + std::to_string(c.parts) + " programs");
   if (c.replicated) throw std::runtime_error("it holds SPMD collectives");
@@ -401,6 +409,19 @@ std::shared_ptr<Region> build_region(const fused::FlushCapture& c,
     r->out_storage.push_back(it == seen.end() ? c10::weak_intrusive_ptr<c10::StorageImpl>(
                                                     c10::intrusive_ptr<c10::StorageImpl>())
                                               : it->second);
+    r->res_nbytes.push_back(st ? st->nbytes : 0);
+  }
+  r->res_returned.assign(c.out_storage.size(), 0);
+  for (const at::Tensor& o : outs) {
+    if (!on_device(o)) throw std::runtime_error("it returns a tensor that is not on tpu");
+    const DeviceStorage* s = &device_storage(o.storage());
+    OutView v{false, -1, o.scalar_type(), o.sizes().vec(), o.strides().vec(), o.storage_offset()};
+    for (size_t k = 0; k < c.out_storage.size() && v.index < 0; ++k)
+      if (c.out_storage[k] == s && c.out_fresh[k])
+        v = {true, static_cast<int>(k), v.dtype, v.sizes, v.strides, v.offset};
+    if (v.fresh) r->res_returned[v.index] = 1;
+    r->out_kept.push_back(v.fresh ? c10::Storage() : o.storage());
+    r->outs.push_back(std::move(v));
   }
   return r;
 }
@@ -431,7 +452,7 @@ void region_abort() {
   fused::flush_locked(g, "graph_capture");
 }
 
-int64_t region_end() {
+int64_t region_end(at::TensorList outs) {
   TORCH_CHECK(t_region_graph, "[tpu] no graph capture is running on this thread");
   fused::Graph& g = *t_region_graph;
   fused::GraphLock lock(g);
@@ -439,9 +460,7 @@ int64_t region_end() {
   const Counters before = *std::exchange(t_begin, std::nullopt);
   const Counters now = Counters::now();
   std::string why;
-  if (g.nodes.empty())
-    why = "it recorded no tpu ops";
-  else if (now.host_syncs != before.host_syncs)
+  if (now.host_syncs != before.host_syncs)
     why =
         "the host read a tpu value during the capture (.item(), .cpu(), printing, "
         "a data-dependent size)";
@@ -449,6 +468,8 @@ int64_t region_end() {
     why = "an op ran on the CPU during the capture";
   else if (now.executions != before.executions || now.fused_graphs != before.fused_graphs)
     why = "a program ran during the capture (a graph cut, or an op run on its own)";
+  else if (g.nodes.empty())
+    why = "it recorded no tpu ops";
   else if (now.fused_ops - before.fused_ops != static_cast<int64_t>(g.nodes.size()))
     why = "ops were recorded on another tpu device";
   fused::FlushCapture cap;
@@ -463,7 +484,7 @@ int64_t region_end() {
   std::shared_ptr<Region> r;
   if (why.empty()) {
     try {
-      r = build_region(cap, *seen, g.device);
+      r = build_region(cap, *seen, outs, g.device);
     } catch (const std::exception& e) {
       why = e.what();
     }
@@ -477,7 +498,7 @@ int64_t region_end() {
   return g_next;
 }
 
-void region_replay(int64_t handle) {
+std::vector<at::Tensor> region_replay(int64_t handle) {
   std::shared_ptr<const Region> r;
   {
     std::lock_guard<std::mutex> l(g_mu);
@@ -520,13 +541,25 @@ void region_replay(int64_t handle) {
   std::vector<pjrt::BufferPtr> results = launch(*r->entry, inputs, r->device);
   inputs.clear();
   metrics().graph_replays++;
+  std::vector<c10::Storage> fresh(results.size());
   for (size_t k = 0; k < results.size(); ++k) {
+    if (r->res_returned[k]) {
+      fresh[k] = fresh_storage(r->res_nbytes[k], std::move(results[k]), r->device);
+      continue;
+    }
     c10::intrusive_ptr<c10::StorageImpl> impl = r->out_storage[k].lock();
     if (!impl) continue;
     DeviceStorage& st = device_storage(c10::Storage(std::move(impl)));
     st.dtype = results[k]->dtype();
     st.buffer = std::move(results[k]);
   }
+  std::vector<at::Tensor> outs;
+  outs.reserve(r->outs.size());
+  for (size_t i = 0; i < r->outs.size(); ++i) {
+    const OutView& v = r->outs[i];
+    outs.push_back(view_of(v.fresh ? fresh[v.index] : r->out_kept[i], v));
+  }
+  return outs;
 }
 
 void region_release(int64_t handle) {
@@ -537,6 +570,8 @@ void region_release(int64_t handle) {
 namespace {
 
 int64_t capture_end_op(at::TensorList args, at::TensorList outs) { return capture_end(args, outs); }
+int64_t region_end_op(at::TensorList outs) { return region_end(outs); }
+std::vector<at::Tensor> region_replay_op(int64_t handle) { return region_replay(handle); }
 // (false, []) when the layout differs: a graph may have no tensor outputs.
 std::tuple<bool, std::vector<at::Tensor>> replay_op(int64_t handle, at::TensorList args) {
   auto outs = replay_graph(handle, args);
@@ -550,6 +585,8 @@ std::tuple<bool, std::vector<at::Tensor>> replay_op(int64_t handle, at::TensorLi
 TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
   m.def("_graph_capture_end(Tensor[] args, Tensor[] outs) -> int", TORCH_FN(capture_end_op));
   m.def("_graph_replay(int handle, Tensor[] args) -> (bool, Tensor[])", TORCH_FN(replay_op));
+  m.def("_region_end(Tensor[] outs) -> int", TORCH_FN(region_end_op));
+  m.def("_region_replay(int handle) -> Tensor[]", TORCH_FN(region_replay_op));
 }
 
 }  // namespace torchtpu::aten

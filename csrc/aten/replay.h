@@ -37,11 +37,14 @@ void release_graph(int64_t handle);
 // tensors) are those of the capture; random numbers are drawn anew.
 void region_begin();
 // Runs what the region recorded; returns a handle for region_replay, or
-// throws (naming why) when it was not one program of recorded calls.
-int64_t region_end();
+// throws (naming why) when it was not one program of recorded calls. `outs`
+// are returned by each replay: those the region made as new tensors per
+// replay (their results are not written back), others as views of their
+// storage.
+int64_t region_end(at::TensorList outs);
 // Ends a region without capturing (an exception left it); runs what it recorded.
 void region_abort();
-void region_replay(int64_t handle);
+std::vector<at::Tensor> region_replay(int64_t handle);
 void region_release(int64_t handle);
 bool region_capturing();
 

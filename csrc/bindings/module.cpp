@@ -426,14 +426,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("graph_capture_refuse", &refuse_capture,
         "Ends this thread's capture with no replay, for the reason given.");
   m.def("region_begin", &region_begin, py::call_guard<py::gil_scoped_release>(),
-        "Starts a capture region on this thread (torch.tpu.graph; replay.h).");
-  m.def("region_end", &region_end, py::call_guard<py::gil_scoped_release>(),
-        "Ends the capture region: runs it and returns its replay handle (raises when it "
-        "cannot be replayed).");
+        "Starts a capture region on this thread (torch.tpu.graph; replay.h); "
+        "torch.ops.torchtpu._region_end/_region_replay end and replay it.");
   m.def("region_abort", &region_abort, py::call_guard<py::gil_scoped_release>(),
         "Ends the capture region without capturing; runs what it recorded.");
-  m.def("region_replay", &region_replay, py::call_guard<py::gil_scoped_release>(),
-        "Launches a captured region's program again.");
   m.def("region_release", &region_release, "Frees a captured region.");
   m.def("region_capturing", &region_capturing, "Whether this thread captures a region.");
   m.def("metrics", &metrics_dict);

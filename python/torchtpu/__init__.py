@@ -30,6 +30,7 @@ from ._compile import compile_report
 from ._jax_op import JaxOp, jax_op
 from ._metrics import metrics, metrics_report, reset_metrics
 from ._modes import eager_mode, get_eager_mode
+from .graphs import graphed
 
 __all__ = [
     "JaxOp",
@@ -40,6 +41,7 @@ __all__ = [
     "eager_mode",
     "flush",
     "get_eager_mode",
+    "graphed",
     "jax_op",
     "metrics",
     "metrics_report",

@@ -20,16 +20,19 @@ training step's host work becomes one launch. The contract is CUDA graphs':
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _C
 from ._modes import thread_mode
 
-__all__ = ["TPUGraph", "graph", "is_current_stream_capturing"]
+__all__ = ["TPUGraph", "graph", "graphed", "is_current_stream_capturing"]
 
 _hook_lock = threading.Lock()
 _hook = None
@@ -78,8 +81,11 @@ class TPUGraph:
             raise
 
     def capture_end(self) -> None:
+        self._end([])
+
+    def _end(self, outs: list[torch.Tensor]) -> None:
         try:
-            self._handle = _C.region_end()
+            self._handle = torch.ops.torchtpu._region_end(outs)
         finally:
             self._leave()
 
@@ -96,9 +102,12 @@ class TPUGraph:
 
     def replay(self) -> None:
         """Runs the captured program again (asynchronously, like any tpu work)."""
+        self._replay()
+
+    def _replay(self) -> list[torch.Tensor]:
         if not self._handle:
             raise RuntimeError("[tpu] TPUGraph.replay(): nothing was captured")
-        _C.region_replay(self._handle)
+        return torch.ops.torchtpu._region_replay(self._handle)
 
     def reset(self) -> None:
         """Frees the captured program and the tensors it kept alive."""
@@ -129,3 +138,83 @@ class graph:
             self.tpu_graph._abort()
         else:
             self.tpu_graph.capture_end()
+
+
+class _Captured:
+    """One argument signature of a graphed function: its calls so far, then its graph."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.graph: TPUGraph | None = None
+        self.static: list = []  # the flat arguments the capture ran on
+        self.out_spec: Any = None
+        self.out_leaves: list = []  # per output leaf: an index into the replay's tensors, or the value
+
+
+def _signature(leaves: list) -> tuple:
+    key = []
+    for a in leaves:
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "tpu":
+                raise TypeError(
+                    f"[tpu] torchtpu.graphed: tensor arguments must be on tpu (got {a.device}); "
+                    "move the batch first"
+                )
+            key.append((tuple(a.shape), a.dtype, a.device.index))
+        else:
+            key.append(("value", a))  # frozen into the capture, so part of the key
+    return tuple(key)
+
+
+class graphed:
+    """``torchtpu.graphed(fn)`` (or ``@torchtpu.graphed(warmup=2)``): a function whose
+    tpu work runs as one captured program. Per signature of its arguments (tensor
+    shapes, dtypes and devices; other arguments by value), the first ``warmup`` calls
+    run ``fn`` as written, the next one captures it (a :class:`TPUGraph` over copies of
+    the arguments) and every later call copies its tensors in and replays, returning new
+    tensors, without running ``fn``'s Python: a jitted training step, as torchax's
+    ``make_train_step`` or ``jax.jit``. The graph contract holds (module docstring):
+    Python side effects and host values are those of the capture, optimizers must be
+    ``capturable``, outputs carry no autograd history."""
+
+    def __init__(self, fn: Callable | None = None, *, warmup: int = 2) -> None:
+        self.fn = fn
+        self.warmup = warmup
+        self._by_signature: dict = {}
+        if fn is not None:
+            functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fn is None:  # @graphed(warmup=...) decorating
+            (fn,) = args
+            return graphed(fn, warmup=self.warmup)
+        leaves, spec = tree_flatten((args, kwargs))
+        c = self._by_signature.setdefault((spec, _signature(leaves)), _Captured())
+        if c.graph is not None:
+            for s, a in zip(c.static, leaves):
+                if isinstance(a, torch.Tensor) and a is not s:
+                    s.copy_(a)
+            tensors = c.graph._replay()
+            return tree_unflatten([tensors[i] if t else v for t, i, v in c.out_leaves], c.out_spec)
+        c.calls += 1
+        if c.calls <= self.warmup:
+            return self.fn(*args, **kwargs)
+        static = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in leaves]
+        s_args, s_kwargs = tree_unflatten(static, spec)
+        g = TPUGraph()
+        g.capture_begin()
+        try:
+            out = self.fn(*s_args, **s_kwargs)
+        except BaseException:
+            g._abort()
+            raise
+        out_leaves, c.out_spec = tree_flatten(out)
+        tensors = [o for o in out_leaves if isinstance(o, torch.Tensor)]
+        g._end(tensors)
+        n = 0
+        for o in out_leaves:
+            is_tensor = isinstance(o, torch.Tensor)
+            c.out_leaves.append((is_tensor, n, None if is_tensor else o))
+            n += is_tensor
+        c.graph, c.static = g, static
+        return out

@@ -256,3 +256,58 @@ def test_compiled_model_inside_capture():
         ref_opt.step()
         want.append(loss.item())
     assert losses == pytest.approx(want, rel=1e-5)
+
+
+def test_graphed_training_step():
+    torch.manual_seed(0)
+    model = MLP().to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+
+    @torchtpu.graphed
+    def step(x, y, scale=1.0):
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y) * scale
+        loss.backward()
+        opt.step()
+        return {"loss": loss, "tag": "train"}
+
+    batches = _batches("mlp", 7)
+    outs = [step(x.to("tpu"), y.to("tpu")) for x, y in batches]
+    assert all(o["tag"] == "train" for o in outs)
+    # Steps 4-7 replay; each returns a tensor of its own, so earlier losses keep
+    # their values.
+    assert torchtpu.metrics()["graph_replays"] >= 4
+    losses = [o["loss"].item() for o in outs]
+    torch.manual_seed(0)
+    ref = MLP()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    want = []
+    for x, y in batches:
+        ref_opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(ref(x), y)
+        loss.backward()
+        ref_opt.step()
+        want.append(loss.item())
+    assert losses == pytest.approx(want, rel=1e-5)
+    assert len(set(losses)) == len(losses)
+    # Another value of a non-tensor argument or another shape is another signature:
+    # warmed up and captured anew.
+    x, y = batches[0]
+    replays = torchtpu.metrics()["graph_replays"]
+    for _ in range(4):
+        step(x[:8].to("tpu"), y[:8].to("tpu"), scale=0.5)
+    assert torchtpu.metrics()["graph_replays"] == replays + 1
+    with pytest.raises(TypeError, match="must be on tpu"):
+        step(x, y)
+
+
+def test_graphed_returns_unreplayable_capture_errors():
+    x = torch.ones(3).to("tpu")
+
+    @torchtpu.graphed(warmup=0)
+    def f(t):
+        return (t + 1).sum().item()
+
+    with pytest.raises(RuntimeError, match="host read a tpu value"):
+        f(x)
+    assert not torch.tpu.is_current_stream_capturing()
