@@ -127,6 +127,7 @@ void count_fallback(const std::string& name) {
                  "(TORCHTPU_CPU_FALLBACK=1). This copies its inputs to the host and back.");
   }
   metrics().fallbacks++;
+  thread_work().fallbacks++;
 }
 
 std::vector<std::pair<std::string, int64_t>> fallback_report() {

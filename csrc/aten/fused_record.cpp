@@ -269,8 +269,8 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   }
 
   const uint64_t h = std::hash<std::string>{}(key);
-  // A compiled graph is one program: its own boundaries are the cuts.
-  const bool compiled = in_compiled_graph();
+  // A compiled graph or a capture region is one program: its own boundaries are the cuts.
+  const bool compiled = in_compiled_graph() || g.region;
   if (!g.nodes.empty()) {
     if (!compiled && g.loop.cut_before(h)) {
       flush_locked(g, "loop_boundary");
@@ -343,6 +343,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     g_nonempty++;
   }
   metrics().fused_ops++;
+  thread_work().fused_ops++;
 
   if (auto cut = g.loop.recorded(h, live_before)) {
     count_cut("loop_detected");

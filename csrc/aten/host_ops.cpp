@@ -253,6 +253,7 @@ void run_on_host(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::
 }
 
 void count_host_call(const std::string& name) {
+  thread_work().host_ops++;
   std::lock_guard<std::mutex> lock(mu);
   ++host_calls()[name];
 }

@@ -521,6 +521,7 @@ std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
     if (entry.replica_group < 0 && mode() != Mode::Debug && !entry.results.empty()) {
       // Behind a compile: queued in the host's order; placeholders stand for the outputs.
       metrics().executions++;
+      thread_work().executions++;
       std::vector<pjrt::BufferPtr> outs =
           async_runs::enqueue(entry.shared_from_this(), args, device, run_now);
       if (!outs.empty()) track_inflight(outs.back());
@@ -539,10 +540,12 @@ std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
                 "(torchtpu.distributed.run_on_devices)");
     std::vector<pjrt::BufferPtr> outs = run(entry, args, device, what ? what() : "");
     metrics().executions++;
+    thread_work().executions++;
     return outs;
   }
   std::vector<pjrt::BufferPtr> outs = run_now(entry, args, device);
   metrics().executions++;
+  thread_work().executions++;
   if (mode() == Mode::Debug) {
     for (const auto& o : outs) o->await_ready();
     if (what && check_nans()) check_finite(outs, what);

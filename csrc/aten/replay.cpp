@@ -65,13 +65,12 @@ std::mutex g_mu;
 std::unordered_map<int64_t, std::shared_ptr<const Replay>> g_replays;
 int64_t g_next = 0;
 
+// This thread's counts (runtime.h ThreadWork): other threads' work never spoils a capture.
 struct Counters {
-  int64_t executions, fused_graphs, fused_ops, host_syncs, fallbacks, host_ops;
+  int64_t executions, fused_ops, host_syncs, fallbacks, host_ops;
   static Counters now() {
-    Metrics& m = metrics();
-    int64_t host = 0;
-    for (auto& [name, n] : host_op_report()) host += n;
-    return {m.executions, m.fused_graphs, m.fused_ops, m.host_syncs, m.fallbacks, host};
+    const ThreadWork& w = thread_work();
+    return {w.executions, w.fused_ops, thread_host_syncs(), w.fallbacks, w.host_ops};
   }
 };
 thread_local std::optional<Counters> t_begin;
@@ -220,7 +219,6 @@ int64_t capture_end(at::TensorList args, at::TensorList outs) {
   // Everything the graph did was recorded into this one graph: no program ran,
   // no host read, fallback or host op happened on the way.
   const bool whole = before && !g.nodes.empty() && now.executions == before->executions &&
-                     now.fused_graphs == before->fused_graphs &&
                      now.host_syncs == before->host_syncs && now.fallbacks == before->fallbacks &&
                      now.host_ops == before->host_ops &&
                      now.fused_ops - before->fused_ops == static_cast<int64_t>(g.nodes.size());
@@ -365,7 +363,6 @@ std::unique_ptr<fused::RegionStorages> leave_region(fused::Graph& g) {
   std::unique_ptr<fused::RegionStorages> seen(std::exchange(t_region_seen, nullptr));
   g.region = nullptr;
   t_region_graph = nullptr;
-  set_compiled_graph(false);
   return seen;
 }
 
@@ -374,7 +371,7 @@ std::shared_ptr<Region> build_region(const fused::FlushCapture& c,
                                      int device) {
   if (c.parts != 1 || !c.entry)
     throw std::runtime_error("it ran as " + std::to_string(c.parts) + " programs");
-  if (c.replicated) throw std::runtime_error("it holds SPMD collectives");
+  // SPMD collectives (thread ranks): each rank replays its replica; launch meets the others.
   auto r = std::make_shared<Region>();
   r->entry = c.entry;
   r->device = device;
@@ -439,7 +436,6 @@ void region_begin() {
   t_region_seen = new fused::RegionStorages();
   g.region = t_region_seen;
   t_region_graph = &g;
-  set_compiled_graph(true);
   t_begin = Counters::now();
 }
 
@@ -466,12 +462,14 @@ int64_t region_end(at::TensorList outs) {
         "a data-dependent size)";
   else if (now.fallbacks != before.fallbacks || now.host_ops != before.host_ops)
     why = "an op ran on the CPU during the capture";
-  else if (now.executions != before.executions || now.fused_graphs != before.fused_graphs)
+  else if (now.executions != before.executions)
     why = "a program ran during the capture (a graph cut, or an op run on its own)";
   else if (g.nodes.empty())
     why = "it recorded no tpu ops";
   else if (now.fused_ops - before.fused_ops != static_cast<int64_t>(g.nodes.size()))
-    why = "ops were recorded on another tpu device";
+    why =
+        "ops it recorded ran before its end (ops on another tpu device, or another "
+        "thread's read of a value the region made)";
   fused::FlushCapture cap;
   if (why.empty()) g.capture = &cap;
   try {

@@ -308,6 +308,10 @@ void note_host_sync() {
   this_thread_syncs++;
 }
 int64_t thread_host_syncs() { return this_thread_syncs; }
+ThreadWork& thread_work() {
+  thread_local ThreadWork w;
+  return w;
+}
 
 void TraceScope::begin(const std::string& name, int64_t value) {
   if (value < 0) return rf_->before(name);

@@ -149,6 +149,14 @@ Metrics& metrics();
 // thread's own count, whose reads mark the steps of its loop (bucketed.cpp).
 void note_host_sync();
 int64_t thread_host_syncs();
+// This thread's own share of some counters: a capture (replay.h) is whole when,
+// between its begin and end, its thread ran no program, no CPU fallback and no
+// host op, and its graph holds every op the thread recorded; other threads'
+// work (thread ranks, a data loader) does not spoil it.
+struct ThreadWork {
+  int64_t executions = 0, fallbacks = 0, host_ops = 0, fused_ops = 0;
+};
+ThreadWork& thread_work();
 // New programs per op: call signatures the program table had not seen (each lowered,
 // then compiled or loaded from the compile cache), so a shape that changes every step
 // names its op. Strict counts "add.Tensor"; Fused Eager "fused graph of N ops: a .. b".

@@ -12,8 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchtpu
+from conftest import check_py
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+sys.path.insert(0, EXAMPLES)
 from models import GPT, MLP, copy_task_batch
 
 
@@ -311,3 +313,65 @@ def test_graphed_returns_unreplayable_capture_errors():
     with pytest.raises(RuntimeError, match="host read a tpu value"):
         f(x)
     assert not torch.tpu.is_current_stream_capturing()
+
+
+@pytest.mark.parametrize("spmd", [True, False])
+def test_graphed_ddp_step_on_thread_ranks(spmd):
+    """Thread ranks in SPMD mode record DDP's gradient all-reduce into the step's
+    program: each rank captures its replica and its replays meet the other ranks'.
+    Without SPMD mode the all-reduce runs on its own, and the capture says so."""
+    proc = check_py(
+        f"""
+        import copy, sys
+        import torch, torchtpu
+        import torch.nn.functional as F
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        sys.path.insert(0, {EXAMPLES!r})
+        from models import MLP
+        from torchtpu.distributed import run_on_devices, spmd
+
+        N = 2
+        g = torch.Generator().manual_seed(1)
+        data = [(torch.randn(16 * N, 32, generator=g), torch.randint(0, 10, (16 * N,), generator=g))
+                for _ in range(6)]
+        torch.manual_seed(0)
+        init = MLP()
+
+        def train(rank, use_graph):
+            dev = torch.device("tpu", rank)
+            model = DDP(copy.deepcopy(init).to(dev))
+            opt = torch.optim.AdamW(model.parameters(), lr=0.01, capturable=True)
+
+            def step(x, y):
+                opt.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                return loss
+
+            if use_graph:
+                step = torchtpu.graphed(step)
+            losses = []
+            for x, y in data:
+                losses.append(step(x.chunk(N)[rank].to(dev), y.chunk(N)[rank].to(dev)))
+            return [l.item() for l in losses]
+
+        with torchtpu.eager_mode("fused"), spmd({spmd}):
+            ref = run_on_devices(train, N, args=(False,), join_timeout=60)
+            replays = torchtpu.metrics()["graph_replays"]
+            try:
+                got = run_on_devices(train, N, args=(True,), join_timeout=60)
+            except RuntimeError as e:
+                print("refused:", e)
+            else:
+                assert got == ref, (got, ref)
+                assert torchtpu.metrics()["graph_replays"] - replays == N * 3
+                print("replayed ok")
+        """,
+        env={"TORCHTPU_NUM_DEVICES": "2"},
+        timeout=180,
+    )
+    if spmd:
+        assert "replayed ok" in proc.stdout, proc.stdout
+    else:
+        assert "refused:" in proc.stdout and "a program ran during the capture" in proc.stdout
