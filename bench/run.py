@@ -315,31 +315,6 @@ class TorchaxPeer:
         self.info = json.loads(line)
         return True
 
-    def _train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.opt.zero_grad(set_to_none=True)
-        if isinstance(self.model, GPT):
-            out = self.fwd(x, y)
-        else:
-            out = torch.nn.functional.cross_entropy(self.fwd(x), y)
-        out.backward()
-        self.step()
-        return out
-
-    def _graph_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if not self.static:
-            self.static = [x.clone(), y.clone()]
-        sx, sy = self.static[:2]
-        sx.copy_(x)
-        sy.copy_(y)
-        if len(self.static) == 3:
-            self.graph.replay()
-        elif self.i <= 2:
-            return self._train_step(sx, sy)
-        else:
-            with torch.tpu.graph(self.graph):
-                self.static.append(self._train_step(sx, sy))
-        return self.static[2]
-
     def run(self, steps: int) -> list[tuple[float, float]]:
         self.proc.stdin.write(f"{steps}\n")
         self.proc.stdin.flush()

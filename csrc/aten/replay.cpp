@@ -202,6 +202,18 @@ c10::Storage fresh_storage(size_t nbytes, pjrt::BufferPtr buf, int device) {
   return s;
 }
 
+// Runs the graph; with `cap`, the flush reports its program into it.
+void flush_reporting(fused::Graph& g, fused::FlushCapture* cap, const char* reason) {
+  g.capture = cap;
+  try {
+    fused::flush_locked(g, reason);
+  } catch (...) {
+    g.capture = nullptr;
+    throw;
+  }
+  g.capture = nullptr;
+}
+
 }  // namespace
 
 void capture_begin() { t_begin = Counters::now(); }
@@ -224,14 +236,7 @@ int64_t capture_end(at::TensorList args, at::TensorList outs) {
                      now.fused_ops - before->fused_ops == static_cast<int64_t>(g.nodes.size());
   fused::FlushCapture cap;
   const int device = g.device;
-  if (whole) g.capture = &cap;
-  try {
-    fused::flush_locked(g, "compiled_graph");
-  } catch (...) {
-    g.capture = nullptr;
-    throw;
-  }
-  g.capture = nullptr;
+  flush_reporting(g, whole ? &cap : nullptr, "compiled_graph");
   if (!whole) {
     t_why = !before ? "no capture was started"
             : g.nodes.empty() && now.fused_ops == before->fused_ops
@@ -471,14 +476,7 @@ int64_t region_end(at::TensorList outs) {
         "ops it recorded ran before its end (ops on another tpu device, or another "
         "thread's read of a value the region made)";
   fused::FlushCapture cap;
-  if (why.empty()) g.capture = &cap;
-  try {
-    fused::flush_locked(g, "graph_capture");
-  } catch (...) {
-    g.capture = nullptr;
-    throw;
-  }
-  g.capture = nullptr;
+  flush_reporting(g, why.empty() ? &cap : nullptr, "graph_capture");
   std::shared_ptr<Region> r;
   if (why.empty()) {
     try {

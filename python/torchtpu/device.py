@@ -284,4 +284,9 @@ def get_device_interface() -> type:
 
 
 # torch.cuda's graph names, on torch.tpu.
-from .graphs import TPUGraph, graph, is_current_stream_capturing  # noqa: F401
+from .graphs import (  # noqa: F401
+    TPUGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+)

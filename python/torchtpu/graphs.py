@@ -32,7 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import _C
 from ._modes import thread_mode
 
-__all__ = ["TPUGraph", "graph", "graphed", "is_current_stream_capturing"]
+__all__ = ["TPUGraph", "graph", "graph_pool_handle", "graphed", "is_current_stream_capturing"]
 
 _hook_lock = threading.Lock()
 _hook = None
@@ -41,6 +41,12 @@ _hook = None
 def is_current_stream_capturing() -> bool:
     """Whether this thread is capturing a :class:`TPUGraph`."""
     return bool(_C.region_capturing())
+
+
+def graph_pool_handle() -> None:
+    """torch.cuda.graph_pool_handle's counterpart: tpu graphs have no memory pools, so
+    there is nothing to share (``torch.tpu.graph(g, pool=...)`` ignores it)."""
+    return
 
 
 def _optimizer_guard(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -100,6 +106,10 @@ class TPUGraph:
         if mode is not None:
             mode.__exit__(None, None, None)
 
+    def pool(self) -> None:
+        """No memory pool to share (see graph_pool_handle)."""
+        return
+
     def replay(self) -> None:
         """Runs the captured program again (asynchronously, like any tpu work)."""
         self._replay()
@@ -125,9 +135,15 @@ class graph:
     """``with torch.tpu.graph(g):`` captures the block into ``g`` (its work runs once,
     as recorded). An exception inside the block ends the capture without capturing."""
 
-    def __init__(self, tpu_graph: TPUGraph, pool: Any = None, stream: Any = None) -> None:
-        # pool and stream are accepted for torch.cuda.graph's signature: tpu work has
-        # one stream and no memory pools.
+    def __init__(
+        self,
+        tpu_graph: TPUGraph,
+        pool: Any = None,
+        stream: Any = None,
+        capture_error_mode: str = "global",
+    ) -> None:
+        # Accepted for torch.cuda.graph's signature: tpu work has one stream and no
+        # memory pools, and any capture of another thread's work on the device is refused.
         self.tpu_graph = tpu_graph
 
     def __enter__(self) -> None:
