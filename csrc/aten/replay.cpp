@@ -62,7 +62,9 @@ struct Replay {
 };
 
 std::mutex g_mu;
-std::unordered_map<int64_t, std::shared_ptr<const Replay>> g_replays;
+// Leaked, as the runtime's client: captures alive at exit hold buffers and
+// storages, which must not be freed by static destructors after the runtime.
+auto& g_replays = *new std::unordered_map<int64_t, std::shared_ptr<const Replay>>();
 int64_t g_next = 0;
 
 // This thread's counts (runtime.h ThreadWork): other threads' work never spoils a capture.
@@ -359,7 +361,8 @@ struct Region {
   std::vector<c10::Storage> out_kept;  // per output: the kept storage (not fresh)
 };
 
-std::unordered_map<int64_t, std::shared_ptr<const Region>> g_regions;  // under g_mu
+// Under g_mu; leaked like g_replays.
+auto& g_regions = *new std::unordered_map<int64_t, std::shared_ptr<const Region>>();
 thread_local fused::Graph* t_region_graph = nullptr;
 thread_local fused::RegionStorages* t_region_seen = nullptr;
 
