@@ -36,6 +36,7 @@ __all__ = ["TPUGraph", "graph", "graph_pool_handle", "graphed", "is_current_stre
 
 _hook_lock = threading.Lock()
 _hook = None
+_capturing = threading.local()  # .graph: the TPUGraph this thread captures into
 
 
 def is_current_stream_capturing() -> bool:
@@ -49,8 +50,29 @@ def graph_pool_handle() -> None:
     return
 
 
+def _host_hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Per param group, the settings a step reads on the host (numbers, tuples of
+    them, CPU tensors' values): a capture freezes them."""
+
+    def host_value(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.tolist() if v.device.type == "cpu" else None
+        if isinstance(v, (bool, int, float)):
+            return v
+        if isinstance(v, tuple) and all(isinstance(e, (bool, int, float)) for e in v):
+            return v
+        return None
+
+    out = []
+    for group in optimizer.param_groups:
+        values = {k: host_value(v) for k, v in group.items() if k != "params"}
+        out.append({k: v for k, v in values.items() if v is not None})
+    return out
+
+
 def _optimizer_guard(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    if not _C.region_capturing():
+    g = getattr(_capturing, "graph", None)
+    if g is None or not _C.region_capturing():
         return
     if not all(group.get("capturable", False) for group in optimizer.param_groups):
         raise RuntimeError(
@@ -58,6 +80,7 @@ def _optimizer_guard(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -
             "capturable=True in every param group: without it the step count and bias "
             "corrections are host values, which a replay would repeat from the capture"
         )
+    g._optimizers.append((optimizer, _host_hyperparameters(optimizer)))
 
 
 def _install_optimizer_guard() -> None:
@@ -73,11 +96,16 @@ class TPUGraph:
     def __init__(self) -> None:
         self._handle = 0
         self._mode: thread_mode | None = None
+        # Optimizers stepped in the capture, with the host settings it froze: a
+        # replay after a learning-rate scheduler changed one raises instead of
+        # silently using the old value.
+        self._optimizers: list = []
 
     def capture_begin(self) -> None:
         if self._handle:
             raise RuntimeError("[tpu] this TPUGraph already holds a capture; reset() it first")
         _install_optimizer_guard()
+        self._optimizers = []
         self._mode = thread_mode("fused")
         self._mode.__enter__()
         try:
@@ -85,6 +113,7 @@ class TPUGraph:
         except BaseException:
             self._leave()
             raise
+        _capturing.graph = self
 
     def capture_end(self) -> None:
         self._end([])
@@ -102,6 +131,7 @@ class TPUGraph:
             self._leave()
 
     def _leave(self) -> None:
+        _capturing.graph = None
         mode, self._mode = self._mode, None
         if mode is not None:
             mode.__exit__(None, None, None)
@@ -117,6 +147,22 @@ class TPUGraph:
     def _replay(self) -> list[torch.Tensor]:
         if not self._handle:
             raise RuntimeError("[tpu] TPUGraph.replay(): nothing was captured")
+        for optimizer, frozen in self._optimizers:
+            now = _host_hyperparameters(optimizer)
+            if now != frozen:
+                changed = sorted(
+                    {
+                        k
+                        for a, b in zip(now, frozen)
+                        for k in a.keys() | b.keys()
+                        if a.get(k) != b.get(k)
+                    }
+                )
+                raise RuntimeError(
+                    f"[tpu] TPUGraph.replay(): {type(optimizer).__name__}'s {', '.join(changed) or 'param groups'} "
+                    "changed since the capture, which froze the host values; keep a changing "
+                    "setting in a tpu tensor (e.g. lr=torch.tensor(1e-3, device='tpu')) or capture again"
+                )
         return torch.ops.torchtpu._region_replay(self._handle)
 
     def reset(self) -> None:

@@ -370,3 +370,46 @@ def test_graphed_ddp_step_on_thread_ranks(spmd):
         assert "replayed ok" in proc.stdout, proc.stdout
     else:
         assert "refused:" in proc.stdout and "a program ran during the capture" in proc.stdout
+
+
+def test_replay_refuses_changed_host_hyperparameters():
+    p = torch.nn.Parameter(torch.ones(3).to("tpu"))
+    opt = torch.optim.AdamW([p], lr=0.1, capturable=True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        (p * p).sum().backward()
+        opt.step()
+
+    for _ in range(2):
+        step()
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        step()
+    g.replay()
+    sched.step()  # lr is a Python float: the capture froze the old one
+    with pytest.raises(RuntimeError, match="AdamW's lr changed since the capture"):
+        g.replay()
+    # A learning rate kept in a tpu tensor may change between replays.
+    lr = torch.tensor(0.1, device="tpu")
+    q = torch.nn.Parameter(torch.ones(3).to("tpu"))
+    opt2 = torch.optim.AdamW([q], lr=lr, capturable=True)
+    g2 = torch.tpu.TPUGraph()
+
+    def step2():
+        opt2.zero_grad(set_to_none=False)
+        (q * q).sum().backward()
+        opt2.step()
+
+    for _ in range(2):
+        step2()
+    with torch.tpu.graph(g2):
+        step2()
+    before = q.detach().cpu()
+    g2.replay()
+    moved = q.detach().cpu()
+    assert (moved < before).all()
+    lr.fill_(0.0)  # read on the device by each replay
+    g2.replay()
+    torch.testing.assert_close(q.detach().cpu(), moved, rtol=0, atol=0)
