@@ -12,7 +12,7 @@ training step's host work becomes one launch. The contract is CUDA graphs':
 - Python scalars and CPU tensors are those of the capture: optimizers need
   ``capturable=True`` (their step counts and bias corrections stay on the device;
   stepping one without it during a capture raises), and a learning rate that changes
-  must be a tensor;
+  must be a tpu tensor (a replay raises when a setting the capture froze changed);
 - random numbers are drawn anew on each replay, from the default generator;
 - the region must not read values on the host (``.item()``, printing) or run ops on
   the CPU, and compiles happen in warm-up steps before the capture.
