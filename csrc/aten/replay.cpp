@@ -74,8 +74,32 @@ struct Counters {
     const ThreadWork& w = thread_work();
     return {w.executions, w.fused_ops, thread_host_syncs(), w.fallbacks, w.host_ops};
   }
+  // Why what this thread did since `before` did not all go into `g` as recorded
+  // calls (a program ran, a host read, a CPU op, a cut), or "" when it did.
+  std::string spoiled_since(const Counters& before, const fused::Graph& g) const {
+    if (host_syncs != before.host_syncs)
+      return "the host read a tpu value during the capture (.item(), .cpu(), printing, "
+             "a data-dependent size)";
+    if (fallbacks != before.fallbacks || host_ops != before.host_ops)
+      return "an op ran on the CPU during the capture";
+    if (executions != before.executions)
+      return "a program ran during the capture (a graph cut, or an op run on its own)";
+    if (g.nodes.empty()) return "it recorded no tpu ops";
+    if (fused_ops - before.fused_ops != static_cast<int64_t>(g.nodes.size()))
+      return "ops it recorded ran before its end (ops on another tpu device, or another "
+             "thread's read of a value it made)";
+    return "";
+  }
 };
 thread_local std::optional<Counters> t_begin;
+
+// Fresh Philox state for a replayed program's random-number input.
+pjrt::BufferPtr rng_input(int device, int64_t numel) {
+  uint64_t state[2];
+  philox_take(std::nullopt, device, numel, state);
+  int64_t dims[1] = {2};
+  return client().buffer_from_host(state, DType::U64, dims, device);
+}
 
 int index_of(const std::vector<DeviceStorage*>& v, const DeviceStorage* s) {
   for (size_t i = 0; i < v.size(); ++i)
@@ -229,22 +253,14 @@ int64_t capture_end(at::TensorList args, at::TensorList outs) {
   fused::Graph& g = fused::graph(on < 0 ? current_device() : on);
   fused::GraphLock lock(g);
   std::optional<Counters> before = std::exchange(t_begin, std::nullopt);
-  const Counters now = Counters::now();
-  // Everything the graph did was recorded into this one graph: no program ran,
-  // no host read, fallback or host op happened on the way.
-  const bool whole = before && !g.nodes.empty() && now.executions == before->executions &&
-                     now.host_syncs == before->host_syncs && now.fallbacks == before->fallbacks &&
-                     now.host_ops == before->host_ops &&
-                     now.fused_ops - before->fused_ops == static_cast<int64_t>(g.nodes.size());
+  // Everything the graph did was recorded into this one graph.
+  const std::string why =
+      before ? Counters::now().spoiled_since(*before, g) : "no capture was started";
   fused::FlushCapture cap;
   const int device = g.device;
-  flush_reporting(g, whole ? &cap : nullptr, "compiled_graph");
-  if (!whole) {
-    t_why = !before ? "no capture was started"
-            : g.nodes.empty() && now.fused_ops == before->fused_ops
-                ? "the graph recorded no ops"
-                : "the graph did not run as one recorded program (a cut, a host read, "
-                  "a fallback or an op run on its own)";
+  flush_reporting(g, why.empty() ? &cap : nullptr, "compiled_graph");
+  if (!why.empty()) {
+    t_why = why;
     return 0;
   }
   std::shared_ptr<Replay> r = build(cap, args, outs, device);
@@ -292,10 +308,7 @@ std::optional<std::vector<at::Tensor>> replay_graph(int64_t handle, at::TensorLi
     } else if (a == -1) {
       inputs[i] = r->in_const[i];
     } else {
-      uint64_t state[2];
-      philox_take(std::nullopt, r->device, r->in_rng[i], state);
-      int64_t dims[1] = {2};
-      inputs[i] = client().buffer_from_host(state, DType::U64, dims, r->device);
+      inputs[i] = rng_input(r->device, r->in_rng[i]);
     }
   }
   std::vector<pjrt::BufferPtr> results = launch(*r->entry, inputs, r->device);
@@ -462,22 +475,7 @@ int64_t region_end(at::TensorList outs) {
   fused::GraphLock lock(g);
   std::unique_ptr<fused::RegionStorages> seen = leave_region(g);
   const Counters before = *std::exchange(t_begin, std::nullopt);
-  const Counters now = Counters::now();
-  std::string why;
-  if (now.host_syncs != before.host_syncs)
-    why =
-        "the host read a tpu value during the capture (.item(), .cpu(), printing, "
-        "a data-dependent size)";
-  else if (now.fallbacks != before.fallbacks || now.host_ops != before.host_ops)
-    why = "an op ran on the CPU during the capture";
-  else if (now.executions != before.executions)
-    why = "a program ran during the capture (a graph cut, or an op run on its own)";
-  else if (g.nodes.empty())
-    why = "it recorded no tpu ops";
-  else if (now.fused_ops - before.fused_ops != static_cast<int64_t>(g.nodes.size()))
-    why =
-        "ops it recorded ran before its end (ops on another tpu device, or another "
-        "thread's read of a value the region made)";
+  std::string why = Counters::now().spoiled_since(before, g);
   fused::FlushCapture cap;
   flush_reporting(g, why.empty() ? &cap : nullptr, "graph_capture");
   std::shared_ptr<Region> r;
@@ -512,10 +510,7 @@ std::vector<at::Tensor> region_replay(int64_t handle) {
   std::vector<pjrt::BufferPtr> inputs(n);
   for (size_t i = 0; i < n; ++i) {
     if (r->in_rng[i] >= 0) {
-      uint64_t state[2];
-      philox_take(std::nullopt, r->device, r->in_rng[i], state);
-      int64_t dims[1] = {2};
-      inputs[i] = client().buffer_from_host(state, DType::U64, dims, r->device);
+      inputs[i] = rng_input(r->device, r->in_rng[i]);
       continue;
     }
     if (!r->in_storage[i]) {
