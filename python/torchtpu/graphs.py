@@ -149,15 +149,10 @@ class TPUGraph:
             raise RuntimeError("[tpu] TPUGraph.replay(): nothing was captured")
         for optimizer, frozen in self._optimizers:
             now = _host_hyperparameters(optimizer)
-            if now != frozen:
-                changed = sorted(
-                    {
-                        k
-                        for a, b in zip(now, frozen)
-                        for k in a.keys() | b.keys()
-                        if a.get(k) != b.get(k)
-                    }
-                )
+            # Only what the captured step could read: a setting added later (a
+            # scheduler's initial_lr) was never frozen.
+            changed = sorted({k for a, b in zip(now, frozen) for k in b if a.get(k) != b[k]})
+            if changed or len(now) != len(frozen):
                 raise RuntimeError(
                     f"[tpu] TPUGraph.replay(): {type(optimizer).__name__}'s {', '.join(changed) or 'param groups'} "
                     "changed since the capture, which froze the host values; keep a changing "

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 import torchtpu
 from conftest import check_py
+from torchtpu.graphs import TPUGraph
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
 sys.path.insert(0, EXAMPLES)
@@ -372,10 +373,11 @@ def test_graphed_ddp_step_on_thread_ranks(spmd):
         assert "refused:" in proc.stdout and "a program ran during the capture" in proc.stdout
 
 
-def test_replay_refuses_changed_host_hyperparameters():
+def _captured_adamw_step(lr) -> tuple[torch.nn.Parameter, torch.optim.AdamW, TPUGraph]:
+    """A parameter, its capturable AdamW at `lr`, and a graph of one step on (p * p).sum()
+    captured after two warm-up steps."""
     p = torch.nn.Parameter(torch.ones(3).to("tpu"))
-    opt = torch.optim.AdamW([p], lr=0.1, capturable=True)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    opt = torch.optim.AdamW([p], lr=lr, capturable=True)
 
     def step():
         opt.zero_grad(set_to_none=False)
@@ -387,25 +389,19 @@ def test_replay_refuses_changed_host_hyperparameters():
     g = torch.tpu.TPUGraph()
     with torch.tpu.graph(g):
         step()
+    return p, opt, g
+
+
+def test_replay_refuses_changed_host_hyperparameters():
+    _, opt, g = _captured_adamw_step(0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     g.replay()
     sched.step()  # lr is a Python float: the capture froze the old one
     with pytest.raises(RuntimeError, match="AdamW's lr changed since the capture"):
         g.replay()
     # A learning rate kept in a tpu tensor may change between replays.
     lr = torch.tensor(0.1, device="tpu")
-    q = torch.nn.Parameter(torch.ones(3).to("tpu"))
-    opt2 = torch.optim.AdamW([q], lr=lr, capturable=True)
-    g2 = torch.tpu.TPUGraph()
-
-    def step2():
-        opt2.zero_grad(set_to_none=False)
-        (q * q).sum().backward()
-        opt2.step()
-
-    for _ in range(2):
-        step2()
-    with torch.tpu.graph(g2):
-        step2()
+    q, _, g2 = _captured_adamw_step(lr)
     before = q.detach().cpu()
     g2.replay()
     moved = q.detach().cpu()
