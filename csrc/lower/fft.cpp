@@ -14,12 +14,6 @@ namespace {
 using hlo::Fft;
 using V = std::vector<Value>;
 
-std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
-  std::vector<int64_t> inv(perm.size());
-  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
-  return inv;
-}
-
 // The permutation putting `dims` last, in their order.
 std::vector<int64_t> dims_last(int64_t rank, const std::vector<int64_t>& dims) {
   std::vector<int64_t> perm;
@@ -40,7 +34,7 @@ Value c2c_trailing(Builder& b, Value x, int64_t k, Fft type) {
   for (int64_t i = r - m; i < r; ++i) perm.push_back(i);
   for (int64_t i = r - k; i < r - m; ++i) perm.push_back(i);
   x = c2c_trailing(b, b.transpose(x, perm), k - m, type);
-  return b.transpose(x, inverse(perm));
+  return b.transpose(x, inverse_permutation(perm));
 }
 
 // FFT/IFFT over the k dims before the last one.
@@ -52,7 +46,7 @@ Value c2c_before_last(Builder& b, Value x, int64_t k, Fft type) {
   perm.push_back(r - 1);
   for (int64_t i = r - 1 - k; i < r - 1; ++i) perm.push_back(i);
   x = c2c_trailing(b, b.transpose(x, perm), k, type);
-  return b.transpose(x, inverse(perm));
+  return b.transpose(x, inverse_permutation(perm));
 }
 
 // torch's normalization of a transform of n points, times `undo` (XLA's
@@ -85,7 +79,7 @@ TPU_LOWERING(fft) {
     const int64_t k = static_cast<int64_t>(c.ints(1).size());
     Ex y(c.b, c2c_trailing(c.b, s.moved, k, fwd ? Fft::FFT : Fft::IFFT));
     y = normalize(y, c.i64(2), s.n, fwd ? 1.0 : s.n);
-    return {c.b.transpose(y, inverse(s.perm))};
+    return {c.b.transpose(y, inverse_permutation(s.perm))};
   });
   // (self, dim[], normalization, onesided): the last dim is halved when onesided.
   reg("_fft_r2c", [](Ctx& c) -> V {
@@ -99,7 +93,7 @@ TPU_LOWERING(fft) {
     } else {
       y = c2c_trailing(c.b, c.b.convert(s.moved, cd), k, Fft::FFT);
     }
-    return {c.b.transpose(normalize(Ex(c.b, y), c.i64(2), s.n, 1.0), inverse(s.perm))};
+    return {c.b.transpose(normalize(Ex(c.b, y), c.i64(2), s.n, 1.0), inverse_permutation(s.perm))};
   });
   // (self, dim[], normalization, last_dim_size): Hermitian input, the last dim
   // holding last_dim_size/2+1 values (others are cut off or read as zero).
@@ -121,7 +115,8 @@ TPU_LOWERING(fft) {
     x = c2c_before_last(c.b, x, k - 1, Fft::IFFT);
     Value y = c.b.fft(x, Fft::IRFFT, {n});
     double points = s.n / static_cast<double>(have) * static_cast<double>(n);
-    return {c.b.transpose(normalize(Ex(c.b, y), c.i64(2), points, points), inverse(s.perm))};
+    return {c.b.transpose(normalize(Ex(c.b, y), c.i64(2), points, points),
+                          inverse_permutation(s.perm))};
   });
 }
 

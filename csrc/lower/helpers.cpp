@@ -114,6 +114,12 @@ Value reduce_sum(Builder& b, Value x, const std::vector<int64_t>& dims, bool kee
   return keepdim ? b.reshape(r, reduced_shape(x.shape(), dims, true)) : r;
 }
 
+std::vector<int64_t> inverse_permutation(const std::vector<int64_t>& perm) {
+  std::vector<int64_t> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+  return inv;
+}
+
 std::vector<Value> reduce_sums(Builder& b, const std::vector<Value>& xs,
                                std::vector<int64_t> dims) {
   if (xs.empty()) return {};

@@ -14,6 +14,8 @@ Value roll_dim(Builder& b, Value x, int64_t shift, int64_t dim);
 Value wrap_index(Builder& b, Value idx, int64_t size);
 // Constant of type t filled with v.
 inline Value full(Builder& b, double v, const Type& t) { return b.splat(v, t); }
+// The permutation that undoes `perm` (transpose by perm, then by this).
+std::vector<int64_t> inverse_permutation(const std::vector<int64_t>& perm);
 // Wraps a possibly negative dim into [0, rank).
 int64_t wrap_dim(int64_t dim, int64_t rank);
 // Dims list (int[] arg, possibly empty = all dims) wrapped and sorted.

@@ -22,11 +22,6 @@ std::vector<int64_t> front_perm(int64_t r, int64_t axis) {
     if (i != axis) p.push_back(i);
   return p;
 }
-std::vector<int64_t> inverse(const std::vector<int64_t>& p) {
-  std::vector<int64_t> inv(p.size());
-  for (size_t i = 0; i < p.size(); ++i) inv[p[i]] = static_cast<int64_t>(i);
-  return inv;
-}
 
 struct Segments {
   Ex member;  // bool [S, n]: element j is in segment s
@@ -105,7 +100,7 @@ TPU_LOWERING(segment_reduce) {
     Ex xf(b, b.transpose(x, p));
     Segments sg = segments(c, 2, 4, xf.v.shape()[0], t);
     Ex out = seg_reduce(sg, xf, c.arg(1).toStringRef(), c, 7);
-    return {b.transpose(out.v, inverse(p))};
+    return {b.transpose(out.v, inverse_permutation(p))};
   });
   // (grad, output, data, reduce, *, lengths?, offsets?, axis, initial?)
   reg("_segment_reduce_backward", [](Ctx& c) -> V {
@@ -164,7 +159,7 @@ TPU_LOWERING(segment_reduce) {
       if (!c.is_none(7)) po = po * Ex(b, c.scalar(7, t));
       gx = ge * po;
     }
-    return {b.transpose(gx.v, inverse(p))};
+    return {b.transpose(gx.v, inverse_permutation(p))};
   });
 }
 

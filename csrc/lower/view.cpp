@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "lower/helpers.h"
+
 namespace torchtpu::lower {
 
 using hlo::Builder;
@@ -96,12 +98,6 @@ Shape boxed_sizes(const ViewGeom& g, const Box& box) {
   return s;
 }
 
-std::vector<int64_t> inverse(const std::vector<int64_t>& perm) {
-  std::vector<int64_t> inv(perm.size());
-  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
-  return inv;
-}
-
 // Rank of each boxed dim among the boxed dims in view order.
 std::vector<int64_t> ranks(const Box& box) {
   std::vector<int64_t> sorted = box.order;
@@ -128,7 +124,7 @@ Value read_view(Builder& b, Value flat, const ViewGeom& g) {
   zs.pop_back();
   r = b.reshape(r, zs);
   // Box order -> view order of the boxed dims.
-  if (zs.size() > 1) r = b.transpose(r, inverse(ranks(box)));
+  if (zs.size() > 1) r = b.transpose(r, inverse_permutation(ranks(box)));
   // Re-insert unit and broadcast (stride 0) dims.
   Shape with_units;
   std::vector<int64_t> dims;
