@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <string_view>
 
 namespace torchtpu::hlo {
@@ -625,6 +626,15 @@ Value Builder::transpose(Value x, const std::vector<int64_t>& perm) {
   Type out{x.dtype(), {}};
   for (int64_t p : perm) out.shape.push_back(x.shape()[p]);
   return op("transpose", {x}, "permutation = " + arr(perm), out);
+}
+
+Value Builder::swap_dims(Value x, int64_t a, int64_t b) {
+  if (a == b) return x;
+  std::vector<int64_t> perm(static_cast<size_t>(x.rank()));
+  std::iota(perm.begin(), perm.end(), 0);
+  check_dims("swap_dims", {a, b}, x.rank());
+  std::swap(perm[a], perm[b]);
+  return transpose(x, perm);
 }
 
 Value Builder::slice(Value x, const Shape& start, const Shape& limit, const Shape& strides) {

@@ -105,6 +105,8 @@ class Builder {
   Value reshape(Value x, const Shape& shape);  // no-op when shape matches
   Value broadcast_in_dim(Value x, const Shape& shape, const std::vector<int64_t>& dims);
   Value transpose(Value x, const std::vector<int64_t>& perm);
+  // x with dims a and b exchanged (x itself when a == b; its own inverse).
+  Value swap_dims(Value x, int64_t a, int64_t b);
   Value slice(Value x, const Shape& start, const Shape& limit, const Shape& strides);
   Value dynamic_slice(Value x, const std::vector<Value>& starts, const Shape& sizes);
   Value dynamic_update_slice(Value x, Value update, const std::vector<Value>& starts);

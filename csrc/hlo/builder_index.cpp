@@ -404,11 +404,8 @@ namespace {
 // slower: the rows are sorted instead.
 Value sort_keys(Builder& b, Value key, int64_t dim) {
   const int64_t last = key.rank() - 1;
-  if (dim == last) return b.sort({key}, last, false, /*stable=*/false)[0];
-  std::vector<int64_t> perm(static_cast<size_t>(key.rank()));
-  for (int64_t i = 0; i <= last; ++i) perm[i] = i;
-  std::swap(perm[dim], perm[last]);  // its own inverse
-  return b.transpose(b.sort({b.transpose(key, perm)}, last, false, false)[0], perm);
+  return b.swap_dims(b.sort({b.swap_dims(key, dim, last)}, last, false, /*stable=*/false)[0], dim,
+                     last);
 }
 
 // (high << 32) | low of two U32 values.

@@ -281,12 +281,7 @@ Ex sum_keep(const Ex& x, int64_t dim) {
   return Ex(*x.b, reduce_sum(*x.b, x.v, {dim < 0 ? dim + x.v.rank() : dim}, true));
 }
 
-Ex swap_last(const Ex& x) {
-  std::vector<int64_t> perm;
-  for (int64_t i = 0; i < x.v.rank(); ++i) perm.push_back(i);
-  std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
-  return Ex(*x.b, x.b->transpose(x.v, perm));
-}
+Ex swap_last(const Ex& x) { return Ex(*x.b, x.b->swap_dims(x.v, x.v.rank() - 1, x.v.rank() - 2)); }
 
 Shape with_batch(const Shape& batch, std::initializer_list<int64_t> tail) {
   Shape s = batch;

@@ -104,10 +104,7 @@ Ldl ldl_factor(const Ex& a0) {
         // of the lower triangle (data movement only).
         Ex pi = where(ri.cmp(Cmp::EQ, kk), kp, where(ri.cmp(Cmp::EQ, kp), kk, ri));
         Ex pj = where(cj.cmp(Cmp::EQ, kk), kp, where(cj.cmp(Cmp::EQ, kp), kk, cj));
-        std::vector<int64_t> perm;
-        for (int64_t i = 0; i < r; ++i) perm.push_back(i);
-        std::swap(perm[r - 1], perm[r - 2]);
-        Ex sym = where(lower, x, Ex(b, b.transpose(x.v, perm)));
+        Ex sym = where(lower, x, Ex(b, b.swap_dims(x.v, r - 1, r - 2)));
         Value g = b.take_along(sym.v, broadcast_to(b, pi.v, s), r - 2);
         g = b.take_along(g, broadcast_to(b, pj.v, s), r - 1);
         Ex trail = both(both(R.cmp(Cmp::GE, k), C.cmp(Cmp::GE, k)), lower);

@@ -30,19 +30,12 @@ V sort_with_indices(Builder& b, Value x, int64_t dim, bool descending) {
 // as torch does; halves widen to F32 exactly and the values narrow back.
 V top_k_largest(Builder& b, Value x, int64_t dim, int64_t k) {
   const int64_t last = x.rank() - 1;
-  std::vector<int64_t> perm(static_cast<size_t>(x.rank()));
-  for (int64_t i = 0; i <= last; ++i) perm[i] = i;
-  std::swap(perm[dim], perm[last]);  // its own inverse
-  Ex key(b, b.convert(dim == last ? x : b.transpose(x, perm), DType::F32));
+  Ex key(b, b.convert(b.swap_dims(x, dim, last), DType::F32));
   key = where(key.cmp(Cmp::NE, key), key.k(NAN), key);
   auto [v, i] = b.top_k(key.v, k);
   v = b.convert(v, x.dtype());
   i = b.convert(i, DType::I64);
-  if (dim != last) {
-    v = b.transpose(v, perm);
-    i = b.transpose(i, perm);
-  }
-  return {v, i};
+  return {b.swap_dims(v, dim, last), b.swap_dims(i, dim, last)};
 }
 
 TPU_LOWERING(shape_ops) {
