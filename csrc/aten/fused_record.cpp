@@ -72,9 +72,9 @@ c10::IValue strip(Graph& g, Node& node, int arg, const c10::IValue& v) {
       return t;
     }
     d.kind = TensorDesc::Device;
-    d.slot = slot_for(g, &device_storage(t.storage()));
-    if (g.region)
-      g.region->insert_or_assign(&device_storage(t.storage()), t.storage().getWeakStorageImpl());
+    DeviceStorage* st = &device_storage(t.storage());
+    d.slot = slot_for(g, st);
+    if (g.region) g.region->insert_or_assign(st, t.storage().getWeakStorageImpl());
     d.dtype = t.scalar_type();
     d.sizes = t.sizes().vec();
     d.strides = t.strides().vec();

@@ -71,8 +71,8 @@ def _host_hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
 
 
 def _optimizer_guard(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    g = getattr(_capturing, "graph", None)
-    if g is None or not _C.region_capturing():
+    g = getattr(_capturing, "graph", None)  # set exactly while this thread captures
+    if g is None:
         return
     if not all(group.get("capturable", False) for group in optimizer.param_groups):
         raise RuntimeError(
