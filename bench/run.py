@@ -87,7 +87,8 @@ class Trainer:
             self.model.parameters(), lr=1e-3, capturable=compile_step or graph
         )
         self.graph = torch.tpu.TPUGraph() if graph else None
-        self.static: list[torch.Tensor] = []  # the captured step's inputs, then its loss
+        self.static_in: list[torch.Tensor] = []  # the captured step's inputs
+        self.static_loss: torch.Tensor | None = None  # its loss, once captured
         if flat:
             torchtpu.optim.flatten(self.opt)
         self.fwd = torch.compile(self.model, backend=backend) if backend else self.model
@@ -109,19 +110,19 @@ class Trainer:
         return out
 
     def _graph_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if not self.static:
-            self.static = [x.clone(), y.clone()]
-        sx, sy = self.static[:2]
+        if not self.static_in:
+            self.static_in = [x.clone(), y.clone()]
+        sx, sy = self.static_in
         sx.copy_(x)
         sy.copy_(y)
-        if len(self.static) == 3:
+        if self.static_loss is not None:
             self.graph.replay()
         elif self.i <= 2:
             return self._train_step(sx, sy)
         else:
             with torch.tpu.graph(self.graph):
-                self.static.append(self._train_step(sx, sy))
-        return self.static[2]
+                self.static_loss = self._train_step(sx, sy)
+        return self.static_loss
 
     def run(self, steps: int) -> list[tuple[float, float]]:
         """(seconds per step, host seconds per step before the loss.item() sync)."""
