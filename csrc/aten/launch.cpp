@@ -62,10 +62,15 @@ std::unordered_map<std::string, int64_t>& programs_by_op() {
 }
 
 std::mutex inflight_mu;
-// Weak: a queued buffer must not count as a holder (it would veto donation);
-// a buffer freed before it is awaited no longer bounds anything.
-std::deque<std::weak_ptr<pjrt::Buffer>>& inflight_queue() {
-  static auto* q = new std::deque<std::weak_ptr<pjrt::Buffer>>();
+// A run in flight: its last output, held weakly (a queued buffer must not count as
+// a holder, it would veto donation), and that output's watch ticket, which finds
+// the run's kept ready event once the output is gone.
+struct Inflight {
+  std::weak_ptr<pjrt::Buffer> out;
+  uint64_t ticket;
+};
+std::deque<Inflight>& inflight_queue() {
+  static auto* q = new std::deque<Inflight>();
   return *q;
 }
 size_t max_inflight() {
@@ -556,24 +561,28 @@ std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
 }
 
 void track_inflight(const pjrt::BufferPtr& out) {
-  out->watch();  // synchronize() waits for the run even if its outputs are dropped
-  std::weak_ptr<pjrt::Buffer> oldest;
+  // Watched: synchronize() waits for the run even if its outputs are dropped.
+  Inflight run{out, out->watch()};
   {
     std::lock_guard<std::mutex> lock(inflight_mu);
     auto& inflight = inflight_queue();
-    inflight.push_back(out);
+    inflight.push_back(std::move(run));
     if (inflight.size() <= max_inflight()) return;
-    oldest = std::move(inflight.front());
+    run = std::move(inflight.front());
     inflight.pop_front();
   }
   // Errors surface where the value is read; the queue only bounds progress. An
-  // oldest run whose outputs were all dropped is waited for through its kept
-  // ready event (none is kept when it had finished).
+  // oldest run whose outputs were all dropped is waited for through its own kept
+  // ready event (none is kept when it had finished), never another run's.
   try {
-    if (auto b = oldest.lock())
-      b->await_ready();
-    else
-      pjrt::await_dropped_producers(1);
+    if (auto b = run.out.lock()) {
+      if (!b->is_ready()) {
+        metrics().inflight_waits++;
+        b->await_ready();
+      }
+    } else if (pjrt::await_dropped_producer(run.ticket)) {
+      metrics().inflight_waits++;
+    }
   } catch (...) {
   }
 }
@@ -582,13 +591,13 @@ void synchronize() {
   TraceScope trace("torchtpu::synchronize");
   publish(Event::SyncRequested, "synchronize");
   async_runs::wait_idle();
-  std::deque<std::weak_ptr<pjrt::Buffer>> pending;
+  std::deque<Inflight> pending;
   {
     std::lock_guard<std::mutex> lock(inflight_mu);
     pending.swap(inflight_queue());
   }
-  for (auto& w : pending)
-    if (auto b = w.lock()) b->await_ready();
+  for (auto& run : pending)
+    if (auto b = run.out.lock()) b->await_ready();
   pjrt::await_dropped_producers();
 }
 

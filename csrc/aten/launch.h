@@ -111,8 +111,9 @@ std::vector<pjrt::BufferPtr> launch(const Launchable& entry,
                                     const std::vector<pjrt::BufferPtr>& args, int device,
                                     c10::function_ref<std::string()> what = nullptr);
 
-// Host-side limit on work in flight (TORCHTPU_MAX_INFLIGHT, default 64):
-// waits for the oldest output when the queue is full.
+// Host-side limit on work in flight (TORCHTPU_MAX_INFLIGHT, default 64): when
+// the queue is full, waits for its oldest run (through that run's kept ready
+// event when its output is gone), counted in metrics().inflight_waits.
 void track_inflight(const pjrt::BufferPtr& out);
 // Asks the layers above to run what they hold (Fused Eager), then waits for
 // every program in flight.

@@ -143,6 +143,8 @@ struct Metrics {
   std::atomic<int64_t> quick_compiles{0}, tier_ups{0}, tier_up_compiles{0}, tier_up_ns{0};
   // Strict calls run at bucket sizes (bucketed.h).
   std::atomic<int64_t> bucketed_calls{0};
+  // Launches that waited for the in-flight bound's oldest unfinished run (launch.h).
+  std::atomic<int64_t> inflight_waits{0};
 };
 Metrics& metrics();
 // A device-to-host read (a sync point): counted in metrics and in the calling

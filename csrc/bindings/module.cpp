@@ -62,6 +62,7 @@ py::dict metrics_dict() {
   d["tier_up_compiles"] = m.tier_up_compiles.load();
   d["tier_up_seconds"] = static_cast<double>(m.tier_up_ns.load()) * 1e-9;
   d["bucketed_calls"] = m.bucketed_calls.load();
+  d["inflight_waits"] = m.inflight_waits.load();
   py::dict cuts;
   for (auto& [reason, count] : fused_cut_report()) cuts[py::str(reason)] = count;
   d["fused_cuts"] = cuts;
@@ -494,7 +495,7 @@ PYBIND11_MODULE(_C, m) {
                     &x.compile_ns,    &x.fused_ops,       &x.fused_graphs,    &x.fused_cache_hits,
                     &x.donated_bytes, &x.fused_outputs,   &x.compiled_graphs, &x.graph_replays,
                     &x.meta_calls,    &x.quick_compiles,  &x.tier_ups,        &x.tier_up_compiles,
-                    &x.tier_up_ns,    &x.bucketed_calls})
+                    &x.tier_up_ns,    &x.bucketed_calls,  &x.inflight_waits})
       *c = 0;
     reset_program_report();
     reset_host_op_report();

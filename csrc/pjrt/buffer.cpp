@@ -1,5 +1,6 @@
 // Device buffers: placeholders filled by a later launch, host reads, and
 // destruction off the caller's thread (see pjrt.h).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -84,27 +85,35 @@ PJRT_Event* ready_event(const PJRT_Api* api, PJRT_Buffer* buf) {
   return a.event;
 }
 
-// Ready events of watched buffers that died before their producer finished.
+// Ready events of watched buffers that died before their producer finished, with
+// their tickets.
 struct Dropped {
   std::mutex mu;
-  std::deque<std::unique_ptr<Event>> events;  // oldest first
+  std::deque<std::pair<uint64_t, std::unique_ptr<Event>>> events;  // oldest first
 };
 Dropped& dropped() {
   static auto* d = new Dropped();  // leaked, as the reaper
   return *d;
 }
 
-void keep_producer(const PJRT_Api* api, PJRT_Buffer* buf) noexcept {
+void keep_producer(const PJRT_Api* api, PJRT_Buffer* buf, uint64_t ticket) noexcept {
   try {
     auto event = std::make_unique<Event>(api, ready_event(api, buf));
     if (event->is_ready()) return;
     Dropped& d = dropped();
     std::lock_guard<std::mutex> lock(d.mu);
     if (d.events.size() >= 256)  // a loop that never synchronizes: keep the unfinished
-      std::erase_if(d.events, [](const std::unique_ptr<Event>& e) { return e->is_ready(); });
-    d.events.push_back(std::move(event));
+      std::erase_if(d.events, [](const auto& e) { return e.second->is_ready(); });
+    d.events.emplace_back(ticket, std::move(event));
   } catch (...) {
     // Without an event there is nothing to wait for; the value is gone anyway.
+  }
+}
+
+void await_kept(const Event& e) {
+  try {
+    e.await("PJRT_Event_Await (a dropped buffer's producer)");
+  } catch (const Error&) {
   }
 }
 
@@ -158,27 +167,42 @@ bool Buffer::filled() const {
 Buffer::~Buffer() {
   PJRT_Buffer* b = buf_.load(std::memory_order_acquire);
   if (b == nullptr) return;
-  if (watched_.load(std::memory_order_relaxed)) keep_producer(client_->api(), b);
+  if (uint64_t t = ticket_.load(std::memory_order_relaxed)) keep_producer(client_->api(), b, t);
   reaper().push(std::move(client_), b);
 }
 
-size_t await_dropped_producers(size_t at_most) {
-  std::vector<std::unique_ptr<Event>> events;
+uint64_t Buffer::watch() const {
+  static std::atomic<uint64_t> next{1};
+  uint64_t t = ticket_.load(std::memory_order_relaxed);
+  if (t != 0) return t;
+  const uint64_t mine = next.fetch_add(1, std::memory_order_relaxed);
+  return ticket_.compare_exchange_strong(t, mine, std::memory_order_relaxed) ? mine : t;
+}
+
+size_t await_dropped_producers() {
+  std::deque<std::pair<uint64_t, std::unique_ptr<Event>>> events;
   {
     Dropped& d = dropped();
     std::lock_guard<std::mutex> lock(d.mu);
-    while (!d.events.empty() && events.size() < at_most) {
-      events.push_back(std::move(d.events.front()));
-      d.events.pop_front();
-    }
+    events.swap(d.events);
   }
-  for (const auto& e : events) {
-    try {
-      e->await("PJRT_Event_Await (a dropped buffer's producer)");
-    } catch (const Error&) {
-    }
-  }
+  for (const auto& [ticket, e] : events) await_kept(*e);
   return events.size();
+}
+
+bool await_dropped_producer(uint64_t ticket) {
+  std::unique_ptr<Event> event;
+  {
+    Dropped& d = dropped();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = std::find_if(d.events.begin(), d.events.end(),
+                           [&](const auto& e) { return e.first == ticket; });
+    if (it == d.events.end()) return false;
+    event = std::move(it->second);
+    d.events.erase(it);
+  }
+  await_kept(*event);
+  return true;
 }
 
 int64_t Buffer::numel() const {

@@ -137,9 +137,11 @@ class Buffer {
 
   // Blocks until the buffer's producer finished; throws the execution's error if it failed.
   void await_ready() const;
-  // If this buffer dies before its producer finished, await_dropped_producers()
-  // still waits for that producer (a run whose outputs were all dropped).
-  void watch() const { watched_.store(true, std::memory_order_relaxed); }
+  // If this buffer dies before its producer finished, its ready event is kept:
+  // await_dropped_producers() and await_dropped_producer(ticket) still wait for
+  // that producer (a run whose outputs were all dropped). Returns the ticket,
+  // unique in the process and never 0; watching again returns the same one.
+  uint64_t watch() const;
   // True when the producer finished (successfully or not); does not block.
   bool is_ready() const;
   // Blocking copy of the whole buffer to host memory (row-major, dst_bytes == nbytes()).
@@ -162,14 +164,17 @@ class Buffer {
   std::vector<int64_t> dims_;
   std::unique_ptr<Pending> pending_;  // placeholders only
   mutable std::atomic<int> queued_uses_{0};
-  mutable std::atomic<bool> watched_{false};
+  mutable std::atomic<uint64_t> ticket_{0};  // 0: not watched
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
-// Waits for the producers of watched buffers that died unfinished, oldest first
-// and at most `at_most` of them; returns how many it waited for. Their errors go
-// with their values.
-size_t await_dropped_producers(size_t at_most = SIZE_MAX);
+// Waits for the producers of all watched buffers that died unfinished; returns
+// how many it waited for. Their errors go with their values.
+size_t await_dropped_producers();
+// Waits for the producer of the watched buffer with this ticket if that buffer
+// died before its producer finished; returns whether there was one to wait for.
+// Other kept producers are not waited for.
+bool await_dropped_producer(uint64_t ticket);
 
 // One XLA DebugOptions field set for a single compile (by its proto field
 // name, e.g. "xla_backend_optimization_level"), on top of XLA_FLAGS.

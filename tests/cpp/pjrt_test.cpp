@@ -338,21 +338,31 @@ TEST(PjrtBuffer, DroppedWatchedOutputsProducerIsAwaited) {
   EXPECT_EQ(await_dropped_producers(), 0u);
 }
 
-TEST(PjrtBuffer, DroppedProducersAreAwaitedOldestFirst) {
+// The in-flight bound waits for one run by its output's ticket: a run that had
+// finished when its output died leaves nothing, and another run's kept producer
+// is not waited for in its place.
+TEST(PjrtBuffer, DroppedProducerIsAwaitedByItsTicket) {
   SlowRuns slow;
   Buffer* args[] = {slow.input.get()};
   ExecutablePtr exe = slow.exe;
+  std::vector<BufferPtr> done = exe->execute(args, 0);
+  const uint64_t done_ticket = done[0]->watch();
+  EXPECT_EQ(done[0]->watch(), done_ticket);
+  done[0]->await_ready();
+  done.clear();
   std::vector<BufferPtr> first = exe->execute(args, 0), second = exe->execute(args, 0);
-  first[0]->watch();
-  second[0]->watch();
+  const uint64_t t1 = first[0]->watch(), t2 = second[0]->watch();
+  EXPECT_NE(t1, t2);
+  EXPECT_NE(t1, done_ticket);
   BufferPtr later = exe->execute(args, 0)[0];  // queued behind both, kept alive
   ASSERT_FALSE(first[0]->is_ready());
   first.clear();
   second.clear();
-  // One at a time, as the in-flight bound takes them: the oldest first.
-  EXPECT_EQ(await_dropped_producers(1), 1u);
-  EXPECT_EQ(await_dropped_producers(1), 1u);
-  EXPECT_EQ(await_dropped_producers(1), 0u);
+  EXPECT_FALSE(await_dropped_producer(done_ticket));
+  EXPECT_TRUE(await_dropped_producer(t2));
+  EXPECT_FALSE(await_dropped_producer(t2));
+  EXPECT_EQ(await_dropped_producers(), 1u);  // t1's, still kept
+  EXPECT_FALSE(await_dropped_producer(t1));
   later->await_ready();
 }
 

@@ -454,6 +454,37 @@ def test_synchronize():
     assert torch.isfinite(x).all().item()
 
 
+def test_inflight_bound_waits_for_its_own_oldest_run():
+    # Bound 2. A full queue whose oldest run finished before its output was
+    # dropped must not wait for another, newer dropped run in its place (that
+    # serialized the host with the device); a loop dropping unfinished runs is
+    # still bounded by waiting for them.
+    check_py(
+        """
+        import torch, torchtpu
+        t = torch.ones(4, device="tpu")
+        x = torch.randn(1500, 1500, device="tpu")
+        (x @ x).cpu(), (t + 1).cpu()  # compiled and run once
+        torch.tpu.synchronize()
+        for _ in range(2):
+            a = t + 1
+            a.cpu()
+            del a  # finished, then dropped: nothing kept
+        torchtpu.reset_metrics()
+        r = x @ x
+        del r  # unfinished: its ready event is kept
+        keep = x @ x  # the queue's oldest is the second `t + 1`
+        assert torchtpu.metrics()["inflight_waits"] == 0, torchtpu.metrics()
+        for _ in range(4):
+            r = x @ x
+            del r
+        assert torchtpu.metrics()["inflight_waits"] >= 1, torchtpu.metrics()
+        torch.tpu.synchronize()
+        """,
+        env={"TORCHTPU_MAX_INFLIGHT": "2"},
+    )
+
+
 def test_stream_and_event():
     s = torch.tpu.Stream()
     assert s.device.type == "tpu" and s.device_index == 0
