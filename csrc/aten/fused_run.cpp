@@ -411,7 +411,8 @@ void flush_locked(Graph& g, const char* reason, int target) {
     }
     graph::partition(calls, g.slots.size(), target, first, rest);
   }
-  const bool prefix = graph::is_prefix(first);
+  // Where the next graph with these calls is cut to run ahead (0: nowhere).
+  const size_t ahead_at = read_ahead() ? graph::read_ahead_point(first, n_nodes) : 0;
   if (!graph::split_pays(first, rest.size(), read_ahead())) {
     first.resize(n_nodes);
     std::iota(first.begin(), first.end(), 0);
@@ -453,11 +454,11 @@ void flush_locked(Graph& g, const char* reason, int target) {
       put(key, static_cast<int32_t>(target));
       results = run_part(g, rest, outs, key + "|rest", hit_rest, failed);
       assign(outs, results, nullptr);
-      // A read that needed exactly the graph's first calls: when those calls
-      // are recorded again, they run at once while the host records the others
-      // (a training step's forward runs while its backward is recorded).
-      if (read_ahead() && prefix) g.read_ahead.learn(g.prefix_at[first.size()], first.size());
     }
+    // When the calls up to the last one this read needed are recorded again, they
+    // run at once while the host records the others (a training step's forward
+    // runs while its backward is recorded), whether or not this flush split.
+    if (ahead_at) g.read_ahead.learn(g.prefix_at[ahead_at], ahead_at);
   } catch (const std::exception& ex) {
     std::string msg = std::string("[tpu] a fused graph of ") + std::to_string(n_nodes) +
                       " ops (cut by " + reason + ") failed";

@@ -99,14 +99,23 @@ bool is_prefix(const std::vector<int>& first) {
   return !first.empty() && static_cast<size_t>(first.back()) == first.size() - 1;
 }
 
+// Calls left to run after a needed part: to pay for a second program, and when the
+// needed part runs ahead while the host records them.
+constexpr size_t kMinRest = 64, kMinRestAhead = 16;
+
 // A second program costs a launch and extra outputs. It pays when the host has
 // many calls to record while the rest runs (an MLP step with 29 of 36 calls in
 // the rest was slower split, a GPT step with 82 of 151 faster), or when the
 // needed part is the graph's first calls, which read-ahead then runs while the
 // host records the others (the MLP step is faster split that way).
 bool split_pays(const std::vector<int>& first, size_t rest_size, bool read_ahead_on) {
-  constexpr size_t kMinRest = 64, kMinRestAhead = 16;
   return rest_size >= (read_ahead_on && is_prefix(first) ? kMinRestAhead : kMinRest);
+}
+
+size_t read_ahead_point(const std::vector<int>& first, size_t n_calls) {
+  if (first.empty()) return 0;
+  const size_t k = static_cast<size_t>(first.back()) + 1;  // `first` is in recording order
+  return n_calls >= k + kMinRestAhead ? k : 0;
 }
 
 uint64_t extend_prefix(uint64_t prefix, uint64_t call_hash, std::span<const int> slots) {

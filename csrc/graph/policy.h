@@ -81,6 +81,12 @@ bool is_prefix(const std::vector<int>& first);
 // for the extra launch and outputs.
 bool split_pays(const std::vector<int>& first, size_t rest_size, bool read_ahead_on);
 
+// Where read-ahead cuts the graph next time, for a host read whose needed part is
+// `first` in a graph of `n_calls` calls: just after the last needed call, so the
+// cut also runs the unneeded calls recorded among the needed ones (a forward's
+// batch-norm statistics updates). 0 when the calls after it are too few to pay.
+size_t read_ahead_point(const std::vector<int>& first, size_t n_calls);
+
 // The hash of the calls recorded so far, extended by one call: its key hash
 // and the graph slots of its storages, in the call's storage order.
 uint64_t extend_prefix(uint64_t prefix, uint64_t call_hash, std::span<const int> slots);

@@ -101,6 +101,14 @@ TEST(SplitPolicy, SplitPays) {
   EXPECT_FALSE(split_pays(none, 0, true));  // no target: never split
 }
 
+TEST(ReadAheadPolicy, PointIsAfterTheLastNeededCall) {
+  // Needed calls with unneeded ones among them: the cut covers all of them.
+  EXPECT_EQ(read_ahead_point({0, 2, 5}, 6 + 16), 6u);
+  EXPECT_EQ(read_ahead_point({0, 1, 2}, 3 + 16), 3u);
+  EXPECT_EQ(read_ahead_point({0, 2, 5}, 6 + 15), 0u);  // too few calls after it
+  EXPECT_EQ(read_ahead_point({}, 100), 0u);            // no read target
+}
+
 TEST(ReadAheadPolicy, PrefixAndCutPointConstants) {
   EXPECT_EQ(extend_prefix(0, 5, {}), 5u);
   EXPECT_EQ(extend_prefix(7, 5, std::vector<int>{1, 2}), 0x1a4700002c9401ULL);

@@ -225,6 +225,33 @@ def test_a_read_seen_before_runs_ahead(fused):
     assert_tpu_close(c, torch.full((16,), 280.0))
 
 
+def test_a_read_with_unneeded_calls_among_its_own_runs_ahead(fused):
+    # A forward with batch norm: its running-statistics updates are recorded
+    # among the calls the loss needs, but are not needed. The cut goes after the
+    # last needed call and runs them too; the rest (16 calls and more) runs after.
+    x = torch.randn(16, device="tpu")
+    c = torch.zeros(16, device="tpu")
+    stat = torch.zeros(16, device="tpu")
+    torchtpu.flush()
+    cuts, ran_before_read = _cuts(), []
+    for step in range(4):
+        graphs = torchtpu.metrics()["fused_graphs"]
+        h = x * (step + 1)
+        stat.mul_(0.9).add_(h, alpha=0.1)  # not needed by the read
+        loss = (h * 2).sum()
+        for _ in range(20):  # the rest: too few for a split, enough to run ahead
+            c = c + 1
+        ran_before_read.append(torchtpu.metrics()["fused_graphs"] - graphs)
+        assert loss.item() == pytest.approx(x.cpu().sum().item() * 2 * (step + 1), rel=1e-5)
+    assert ran_before_read == [0, 1, 1, 1]
+    assert _cut_delta(cuts, "read_ahead") == 3
+    assert_tpu_close(c, torch.full((16,), 80.0))
+    expect = torch.zeros(16)
+    for step in range(4):
+        expect = expect * 0.9 + x.cpu() * (step + 1) * 0.1
+    assert_tpu_close(stat, expect)
+
+
 def test_cut_at_size_cap_and_cpu_fallback():
     check_py(
         """
