@@ -158,7 +158,12 @@ class TPUGraph:
                     "changed since the capture, which froze the host values; keep a changing "
                     "setting in a tpu tensor (e.g. lr=torch.tensor(1e-3, device='tpu')) or capture again"
                 )
-        return torch.ops.torchtpu._region_replay(self._handle)
+        out = torch.ops.torchtpu._region_replay(self._handle)
+        for optimizer, _ in self._optimizers:
+            # What a call of step() marks for learning-rate schedulers (it checks the
+            # order of optimizer and scheduler steps): a replay is that step.
+            optimizer._opt_called = True
+        return out
 
     def reset(self) -> None:
         """Frees the captured program and the tensors it kept alive."""

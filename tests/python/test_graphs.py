@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -396,7 +397,10 @@ def test_replay_refuses_changed_host_hyperparameters():
     _, opt, g = _captured_adamw_step(0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     g.replay()
-    sched.step()  # lr is a Python float: the capture froze the old one
+    with warnings.catch_warnings():
+        # A replay is the optimizer's step: no "scheduler.step() before optimizer.step()".
+        warnings.simplefilter("error")
+        sched.step()  # lr is a Python float: the capture froze the old one
     with pytest.raises(RuntimeError, match="AdamW's lr changed since the capture"):
         g.replay()
     # A learning rate kept in a tpu tensor may change between replays.
