@@ -205,49 +205,37 @@ def test_a_read_runs_the_calls_it_needs_first(fused):
     assert_tpu_close(v, x.cpu() * 2 + 20)
 
 
-def test_a_read_seen_before_runs_ahead(fused):
-    x = torch.randn(16, device="tpu")
-    c = torch.zeros(16, device="tpu")
-    torchtpu.flush()
-    cuts, ran_before_read = _cuts(), []
-    for step in range(4):
-        graphs = torchtpu.metrics()["fused_graphs"]
-        loss = (x * (step + 1)).sum()  # the read needs exactly these first calls
-        for _ in range(70):  # the rest: not needed by the read
-            c = c + 1
-        ran_before_read.append(torchtpu.metrics()["fused_graphs"] - graphs)
-        assert loss.item() == pytest.approx(x.cpu().sum().item() * (step + 1), rel=1e-5, abs=1e-5)
-    # Learned at the first read; from then on the first calls run as soon as they are
-    # recorded, and the read ends the graph of the others.
-    assert ran_before_read == [0, 1, 1, 1]
-    assert _cut_delta(cuts, "read_ahead") == 3
-    assert _cut_delta(cuts, "item") == 4
-    assert_tpu_close(c, torch.full((16,), 280.0))
-
-
-def test_a_read_with_unneeded_calls_among_its_own_runs_ahead(fused):
-    # A forward with batch norm: its running-statistics updates are recorded
-    # among the calls the loss needs, but are not needed. The cut goes after the
-    # last needed call and runs them too; the rest (16 calls and more) runs after.
+@pytest.mark.parametrize("stats", [False, True], ids=["prefix", "unneeded_calls_among"])
+def test_a_read_seen_before_runs_ahead(fused, stats):
+    # Without `stats` the read needs exactly the graph's first calls, and 70 calls
+    # follow (a split). With them, as a forward with batch norm: running-statistics
+    # updates are recorded among the calls the loss needs but are not needed; the cut
+    # goes after the last needed call and runs them too. 20 calls follow: too few
+    # for a split, enough to run ahead.
     x = torch.randn(16, device="tpu")
     c = torch.zeros(16, device="tpu")
     stat = torch.zeros(16, device="tpu")
+    rest = 20 if stats else 70
     torchtpu.flush()
     cuts, ran_before_read = _cuts(), []
     for step in range(4):
         graphs = torchtpu.metrics()["fused_graphs"]
         h = x * (step + 1)
-        stat.mul_(0.9).add_(h, alpha=0.1)  # not needed by the read
-        loss = (h * 2).sum()
-        for _ in range(20):  # the rest: too few for a split, enough to run ahead
+        if stats:
+            stat.mul_(0.9).add_(h, alpha=0.1)  # not needed by the read
+        loss = h.sum()
+        for _ in range(rest):  # not needed by the read
             c = c + 1
         ran_before_read.append(torchtpu.metrics()["fused_graphs"] - graphs)
-        assert loss.item() == pytest.approx(x.cpu().sum().item() * 2 * (step + 1), rel=1e-5)
+        assert loss.item() == pytest.approx(x.cpu().sum().item() * (step + 1), rel=1e-5, abs=1e-5)
+    # Learned at the first read; from then on the needed calls run as soon as they
+    # are recorded, and the read ends the graph of the others.
     assert ran_before_read == [0, 1, 1, 1]
     assert _cut_delta(cuts, "read_ahead") == 3
-    assert_tpu_close(c, torch.full((16,), 80.0))
+    assert _cut_delta(cuts, "item") == 4
+    assert_tpu_close(c, torch.full((16,), 4.0 * rest))
     expect = torch.zeros(16)
-    for step in range(4):
+    for step in range(4 if stats else 0):
         expect = expect * 0.9 + x.cpu() * (step + 1) * 0.1
     assert_tpu_close(stat, expect)
 
