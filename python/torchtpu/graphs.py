@@ -80,7 +80,9 @@ def _optimizer_guard(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -
             "capturable=True in every param group: without it the step count and bias "
             "corrections are host values, which a replay would repeat from the capture"
         )
-    g._optimizers.append((optimizer, _host_hyperparameters(optimizer)))
+    # Once per optimizer: a capture of several steps checks its settings once per replay.
+    if all(o is not optimizer for o, _ in g._optimizers):
+        g._optimizers.append((optimizer, _host_hyperparameters(optimizer)))
 
 
 def _install_optimizer_guard() -> None:
