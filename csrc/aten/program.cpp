@@ -382,12 +382,14 @@ void Program::finish(const std::vector<Value>& results, ProgramEntry& entry, Cod
 
 std::shared_ptr<ProgramEntry> compile_call(const c10::OperatorHandle& op, const OpInfo& info,
                                            const torch::jit::Stack& args, size_t first, size_t n,
-                                           std::vector<DeviceStorage*>& storages) {
+                                           std::vector<DeviceStorage*>& storages,
+                                           const std::vector<int>& donate) {
   auto entry = std::make_shared<ProgramEntry>();
   CallOutputs outs = call_outputs(op, info, args, first, n);
   entry->ret_lists = outs.ret_lists;
   Program p;
   for (DeviceStorage* st : storages) p.add_slot({st->has_value(), st->dtype, st->nbytes});
+  for (int slot : donate) p.slots[slot].donate = true;
   SlotOf slot_of = [&](const at::Tensor& t) {
     return t.device().is_privateuseone() ? slot_index(storages, &device_storage(t.storage())) : -1;
   };

@@ -80,7 +80,7 @@ struct SlotState {
   DType dtype = DType::U8;
   size_t nbytes = 0;
   bool produced = false;  // Fused: created by a call of this program
-  bool donate = false;    // Fused: its input buffer may be reused for the output
+  bool donate = false;    // its input buffer may be reused for the output
 };
 
 // A program under construction.
@@ -206,9 +206,11 @@ std::vector<hlo::Value> lower_call(Program& p, int node, const OpInfo& info,
                                    const SlotOf& slot_of, const CallOutputs& outs,
                                    int64_t* rng_numel);
 // The program of one call on its own: fresh outputs, then written storages.
+// `donate`: slots whose input buffer the program may write its result into.
 std::shared_ptr<ProgramEntry> compile_call(const c10::OperatorHandle& op, const OpInfo& info,
                                            const torch::jit::Stack& args, size_t first, size_t n,
-                                           std::vector<DeviceStorage*>& storages);
+                                           std::vector<DeviceStorage*>& storages,
+                                           const std::vector<int>& donate = {});
 
 // Appends v's bytes to a cache key.
 template <typename T>

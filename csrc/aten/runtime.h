@@ -129,8 +129,9 @@ struct Metrics {
   std::atomic<int64_t> ops{0}, compiles{0}, cache_hits{0}, fallbacks{0}, host_syncs{0};
   std::atomic<int64_t> bytes_to_device{0}, bytes_to_host{0}, executions{0};
   std::atomic<int64_t> compile_ns{0}, bytes_in_use{0}, peak_bytes{0};
-  // Fused Eager: ops recorded, graphs run, graph cache hits, bytes of donated
-  // inputs, values materialized (live tensors only).
+  // Fused Eager: ops recorded, graphs run, graph cache hits; bytes of donated
+  // inputs (Fused graphs and Strict in-place calls); values materialized (live
+  // tensors only).
   std::atomic<int64_t> fused_ops{0}, fused_graphs{0}, fused_cache_hits{0}, donated_bytes{0},
       fused_outputs{0};
   // torch.compile: ATen graphs handed to the tpu backend, and runs of their

@@ -532,6 +532,37 @@ def test_metrics_counters_move():
     assert "cache_hits" in report and "host_syncs" in report
 
 
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+def test_strict_inplace_writes_into_its_buffer(mode):
+    def donated(fn) -> int:
+        before = torchtpu.metrics()["donated_bytes"]
+        fn()
+        torch.tpu.synchronize()
+        return torchtpu.metrics()["donated_bytes"] - before
+
+    with torchtpu.eager_mode(mode):
+        host = torch.randn(128, 1024)  # 512 KiB: large enough to donate
+        p = host.to("tpu")
+        nbytes = host.numel() * 4
+        assert donated(lambda: p.mul_(0.5).add_(1.0)) == 2 * nbytes
+        host = host * 0.5 + 1.0
+        assert donated(lambda: p[:3].sub_(2.0)) == nbytes  # a view writes its storage
+        host[:3] -= 2.0
+        assert_tpu_close(p, host)
+        # A storage that shares the buffer (a whole copy) keeps it: no donation.
+        q = torch.empty_like(p)
+        q.copy_(p)
+        assert donated(lambda: p.add_(1.0)) == 0
+        assert_tpu_close(q, host)
+        assert_tpu_close(p, host + 1.0)
+        # An out= call that overwrites the whole storage reads no input to donate.
+        assert donated(lambda: torch.mul(q, 2.0, out=p)) == 0
+        assert_tpu_close(p, host * 2.0)
+        small = torch.ones(1000, device="tpu")
+        assert donated(lambda: small.add_(1.0)) == 0  # below the size that pays
+        assert_tpu_close(small, torch.full((1000,), 2.0))
+
+
 # ---------------------------------------------------------------- eager modes
 
 
