@@ -65,23 +65,27 @@ bool pointwise(const std::string& element) {
 // What the element op's lowering sees: element e of every list argument, or
 // (`flat`: the whole lists' output, rank 1) all elements at once, each
 // Tensor[] argument flattened and each Scalar[] one (all its values equal,
-// which the call's key records: flat_sizes) by its first value.
+// which the call's key records: flat_sizes) by its first value. With
+// `vector`, element e's tensors are seen as rank 1 (vector_type).
 class ElementCtx final : public lower::Ctx {
  public:
   ElementCtx(lower::Ctx& outer, const ForeachOp& m, int e, std::vector<std::vector<Value>>& lists,
-             std::vector<Value>& singles, std::optional<Type> flat = std::nullopt)
+             std::vector<Value>& singles, std::optional<Type> flat = std::nullopt,
+             std::optional<Type> vector = std::nullopt)
       : Ctx(outer.b),
         outer_(outer),
         m_(m),
         e_(e),
         flat_(std::move(flat)),
+        vector_(std::move(vector)),
         lists_(lists),
         singles_(singles) {
     auto arg = [&](int i) -> const c10::IValue& { return outer.arg(i); };
+    const std::optional<Type>& rank1 = flat_ ? flat_ : vector_;
     for (size_t j = 0; j < m.src.size(); ++j) {
       c10::IValue a = m.element_arg(arg, j, e);
-      if (flat_ && m.src[j] >= 0 && m.per_element[m.src[j]] && a.isTensor())
-        a = at::empty(flat_->shape, a.toTensor().options().device(c10::kMeta));
+      if (rank1 && m.src[j] >= 0 && m.per_element[m.src[j]] && a.isTensor())
+        a = at::empty(rank1->shape, a.toTensor().options().device(c10::kMeta));
       args_.push_back(std::move(a));
     }
   }
@@ -90,7 +94,7 @@ class ElementCtx final : public lower::Ctx {
   int num_args() const override { return static_cast<int>(args_.size()); }
   const Type& out(int k) const override {
     TORCH_CHECK(k == 0, "[tpu] ", op_name(), ": ", m_.name, " has one output per element");
-    return flat_ ? *flat_ : outer_.out(e_);
+    return flat_ ? *flat_ : vector_ ? *vector_ : outer_.out(e_);
   }
   int num_outputs() const override { return 1; }
   const std::string& op_name() const override { return outer_.op_name(); }
@@ -100,6 +104,7 @@ class ElementCtx final : public lower::Ctx {
     if (m_.per_element[i]) {
       if (lists_[i].empty())
         lists_[i] = flat_ ? std::vector<Value>{outer_.flat_list(i)} : outer_.list(i);
+      if (vector_) return b.reshape(lists_[i].at(e_), vector_->shape);
       return lists_[i].at(flat_ ? 0 : e_);
     }
     if (!singles_[i].valid()) singles_[i] = outer_.in(i);
@@ -130,7 +135,7 @@ class ElementCtx final : public lower::Ctx {
   lower::Ctx& outer_;
   const ForeachOp& m_;
   int e_;  // 0 when flat: Scalar[] lists are uniform then
-  std::optional<Type> flat_;
+  std::optional<Type> flat_, vector_;
   std::vector<c10::IValue> args_;
   std::vector<std::vector<Value>>& lists_;
   std::vector<Value>& singles_;
@@ -176,6 +181,36 @@ std::optional<std::vector<int64_t>> flat_sizes(lower::Ctx& c, const ForeachOp& f
     }
   }
   return numels;
+}
+
+// Element e of a pointwise foreach op as rank 1, where its tensors are all
+// shaped like its output and single tensors are 0-dim. Read from and written
+// back to its storage, the element is then the storage's own rank-1 value, with
+// no reshape between: XLA:CPU copies a donated input before a fusion that
+// updates it in place through a reshape (an AdamW step over 2-D parameters
+// copied them all, into a temporary of their size allocated per run). Only
+// for elements of at least 256 KiB: on small ones the copies cost less than
+// what the reshapes change (the bench GPT's Fused step, all of its parameters
+// under 64 KiB, was 9% slower).
+std::optional<Type> vector_type(lower::Ctx& c, const ForeachOp& f, int e) {
+  constexpr size_t kVectorBytes = 256 << 10;
+  const Type& t = c.out(e);
+  if (!pointwise(f.name) || t.rank() < 2 ||
+      static_cast<size_t>(t.numel()) * itemsize(t.dtype) < kVectorBytes)
+    return std::nullopt;
+  for (size_t i = 0; i < f.per_element.size(); ++i) {
+    const c10::IValue& a = c.arg(static_cast<int>(i));
+    if (!a.isTensorList() && !a.isTensor()) continue;
+    if (!f.per_element[i]) {
+      if (a.isTensor() && a.toTensor().defined() && a.toTensor().dim() != 0) return std::nullopt;
+      continue;
+    }
+    c10::IValue v = a.toList().get(static_cast<size_t>(e));
+    if (!v.isTensor() || !v.toTensor().defined() ||
+        v.toTensor().sizes() != c10::IntArrayRef(t.shape))
+      return std::nullopt;
+  }
+  return Type{t.dtype, {t.numel()}};
 }
 
 // The type one element sees of a foreach argument: T of a Tensor[] or
@@ -328,8 +363,14 @@ const ForeachOp* foreach_op(const c10::FunctionSchema& s, std::vector<uint8_t>& 
       }
       return out;
     }
-    for (size_t e = 0; e < n; ++e)
-      out.push_back(run(ElementCtx(c, *f, static_cast<int>(e), lists, singles)));
+    for (size_t e = 0; e < n; ++e) {
+      const int k = static_cast<int>(e);
+      if (auto v = vector_type(c, *f, k))
+        out.push_back(c.b.reshape(run(ElementCtx(c, *f, k, lists, singles, std::nullopt, v)),
+                                  c.out(k).shape));
+      else
+        out.push_back(run(ElementCtx(c, *f, k, lists, singles)));
+    }
     return out;
   };
   // Kept for the process: OpInfos point at it.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torchtpu
-from conftest import assert_tpu_close
+from conftest import assert_tpu_close, check_py
 from torch.testing._internal.common_methods_invocations import (
     foreach_binary_op_db,
     foreach_other_op_db,
@@ -152,3 +152,30 @@ def test_out_variants_write_their_lists(name, eager):
     OUT_VARIANTS[name](a, b, out_cpu)
     OUT_VARIANTS[name](_to_tpu(a), _to_tpu(b), out_tpu)
     assert_tpu_close(out_tpu, out_cpu)
+
+
+def test_pointwise_elements_update_their_storage_as_is(tmp_path):
+    """A pointwise foreach op reads and writes each multi-dim element as its
+    storage's own rank-1 value: XLA:CPU copies a donated input that a fusion
+    updates through a reshape."""
+    check_py(
+        """
+        import torch, torchtpu
+        torchtpu.eager_mode("fused")
+        # 512 KiB each: smaller elements keep their shape (the copy costs less).
+        a = [torch.randn(256, 512, device="tpu"), torch.randn(64, 64, 32, device="tpu")]
+        b = [torch.randn(256, 512, device="tpu"), torch.randn(64, 64, 32, device="tpu")]
+        want = [x.cpu() + 0.1 * (y.cpu() - x.cpu()) for x, y in zip(a, b)]
+        torchtpu.flush()
+        torch._foreach_lerp_(a, b, 0.1)
+        torchtpu.flush()
+        for x, w in zip(a, want):
+            torch.testing.assert_close(x.cpu(), w)
+        """,
+        env={"TORCHTPU_DUMP_FUSED": str(tmp_path), "TORCHTPU_CACHE_DIR": "off"},
+    )
+    last = max(tmp_path.glob("*.mlir")).read_text()
+    assert '"stablehlo.subtract"(%arg2, %arg0) : (tensor<131072xf32>' in last, last[-3000:]
+    for shape in ("256x512xf32", "64x64x32xf32"):
+        math = [ln for ln in last.splitlines() if "stablehlo.reshape" not in ln and shape in ln]
+        assert not math, math
