@@ -33,6 +33,9 @@ def _inputs() -> dict[str, torch.Tensor]:
 
 # name -> (inputs it takes, the call)
 OPS = {
+    # Baselines: an elementwise op's time is mostly the per-call cost.
+    "add": (("x", "y"), lambda x, y: x + y),
+    "sum_all": (("x",), lambda x: x.sum()),
     "sort_rows": (("x",), lambda x: torch.sort(x, -1)),
     "sort_rows_descending": (("x",), lambda x: torch.sort(x, -1, descending=True)),
     "sort_columns": (("x",), lambda x: torch.sort(x, 0)),
