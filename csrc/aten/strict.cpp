@@ -126,7 +126,7 @@ bool donation() {
 // The program of an in-place or out= call that writes its result into the
 // buffers of the storages it writes, where nobody else holds them. XLA:CPU
 // allocates a fresh output otherwise, and a large one is fresh pages: `mul_`
-// of a 16 MiB tensor took 17-30 ms that way and 3-5 ms in place. Only
+// of four 16 MiB tensors took 8-18 ms that way and 3 ms in place. Only
 // storages of at least kDonateBytes: below that the allocator reuses freed
 // memory, and each donating program is one more compile.
 std::shared_ptr<const ProgramEntry> donating(const c10::OperatorHandle& op, const OpInfo& info,
