@@ -94,12 +94,6 @@ std::string node_name(const Node& n) {
 
 namespace {
 
-// A feature that is on unless `name` is "0".
-bool env_default_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !v || std::string(v) != "0";
-}
-
 // TORCHTPU_FUSED_DONATE=0 turns donation off (to compare memory and speed).
 bool donation() {
   static bool on = env_default_on("TORCHTPU_FUSED_DONATE");

@@ -294,6 +294,10 @@ int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 bool cpu_fallback_enabled() { return env_flag("TORCHTPU_CPU_FALLBACK"); }
+bool env_default_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !v || std::string(v) != "0";
+}
 
 Metrics& metrics() {
   static Metrics m;

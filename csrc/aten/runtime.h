@@ -123,6 +123,8 @@ void pop_thread_mode();
 bool check_nans();
 // An integer setting from the environment; `fallback` when unset or empty.
 int env_int(const char* name, int fallback);
+// A feature that is on unless the variable `name` is "0".
+bool env_default_on(const char* name);
 bool cpu_fallback_enabled();
 
 struct Metrics {

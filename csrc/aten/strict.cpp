@@ -7,7 +7,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "aten/bucketed.h"
@@ -116,10 +115,7 @@ bool fill_on_host(const OpInfo& info, torch::jit::Stack& stack, size_t first) {
 
 // TORCHTPU_STRICT_DONATE=0 turns donation off (to compare memory and speed).
 bool donation() {
-  static const bool on = [] {
-    const char* v = std::getenv("TORCHTPU_STRICT_DONATE");
-    return !v || std::string(v) != "0";
-  }();
+  static const bool on = env_default_on("TORCHTPU_STRICT_DONATE");
   return on;
 }
 
