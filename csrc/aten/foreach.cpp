@@ -141,6 +141,17 @@ class ElementCtx final : public lower::Ctx {
   std::vector<Value>& singles_;
 };
 
+// Whether the call's single (not per-element) tensors are all 0-dim or
+// undefined: then they broadcast to any element as a scalar does.
+bool singles_are_0dim(lower::Ctx& c, const ForeachOp& f) {
+  for (size_t i = 0; i < f.per_element.size(); ++i) {
+    const c10::IValue& a = c.arg(static_cast<int>(i));
+    if (!f.per_element[i] && a.isTensor() && a.toTensor().defined() && a.toTensor().dim() != 0)
+      return false;
+  }
+  return true;
+}
+
 // The element sizes when the call can run flat (ElementCtx with `flat`): a pointwise element
 // op, every list element shaped like its output, one output dtype, single
 // tensors 0-dim, Scalar[] lists of one kind; nullopt otherwise.
@@ -157,13 +168,10 @@ std::optional<std::vector<int64_t>> flat_sizes(lower::Ctx& c, const ForeachOp& f
   for (size_t i = 0; i < f.per_element.size(); ++i)
     any_tiled = any_tiled || (f.per_element[i] && c.arg(static_cast<int>(i)).isTensorList() &&
                               c.tiles(static_cast<int>(i)));
-  if (!any_tiled) return std::nullopt;
+  if (!any_tiled || !singles_are_0dim(c, f)) return std::nullopt;
   for (size_t i = 0; i < f.per_element.size(); ++i) {
+    if (!f.per_element[i]) continue;
     const c10::IValue& a = c.arg(static_cast<int>(i));
-    if (!f.per_element[i]) {
-      if (a.isTensor() && a.toTensor().defined() && a.toTensor().dim() != 0) return std::nullopt;
-      continue;
-    }
     auto l = a.toList();
     if (l.size() != n) return std::nullopt;
     if (!a.isTensorList() && !uniform_scalars(l)) return std::nullopt;
@@ -198,13 +206,10 @@ std::optional<Type> vector_type(lower::Ctx& c, const ForeachOp& f, int e) {
   if (!pointwise(f.name) || t.rank() < 2 ||
       static_cast<size_t>(t.numel()) * itemsize(t.dtype) < kVectorBytes)
     return std::nullopt;
+  if (!singles_are_0dim(c, f)) return std::nullopt;
   for (size_t i = 0; i < f.per_element.size(); ++i) {
     const c10::IValue& a = c.arg(static_cast<int>(i));
-    if (!a.isTensorList() && !a.isTensor()) continue;
-    if (!f.per_element[i]) {
-      if (a.isTensor() && a.toTensor().defined() && a.toTensor().dim() != 0) return std::nullopt;
-      continue;
-    }
+    if (!f.per_element[i] || !a.isTensorList()) continue;  // Scalar[] elements fit any shape
     c10::IValue v = a.toList().get(static_cast<size_t>(e));
     if (!v.isTensor() || !v.toTensor().defined() ||
         v.toTensor().sizes() != c10::IntArrayRef(t.shape))
