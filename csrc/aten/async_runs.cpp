@@ -164,10 +164,7 @@ Runner& runner() {
 }  // namespace
 
 bool enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("TORCHTPU_ASYNC_COMPILE");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = env_default_on("TORCHTPU_ASYNC_COMPILE");
   return on;
 }
 

@@ -31,10 +31,7 @@ namespace {
 using Tensor = at::Tensor;
 
 bool enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("TORCHTPU_FUSED_ATTENTION");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = env_default_on("TORCHTPU_FUSED_ATTENTION");
   return on;
 }
 

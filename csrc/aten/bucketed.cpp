@@ -28,10 +28,7 @@ using lower::to_dtype;
 
 namespace {
 
-bool enabled() {
-  const char* v = std::getenv("TORCHTPU_EAGER_BUCKETS");
-  return !(v && std::string(v) == "0");
-}
+bool enabled() { return env_default_on("TORCHTPU_EAGER_BUCKETS"); }
 
 // A dim is bucketed once new sizes of it arrived between this many different
 // host syncs: a model's warm-up meets all its shapes before its first reads,

@@ -191,10 +191,7 @@ std::vector<std::string> cuda_library_report() {
 bool runtime_started() noexcept { return state().started; }
 
 bool small_builds_off() {
-  static const bool off = [] {
-    const char* v = std::getenv("TORCHTPU_SMALL_QUICK");
-    return v && std::string(v) == "0";
-  }();
+  static const bool off = !env_default_on("TORCHTPU_SMALL_QUICK");
   return off;
 }
 
