@@ -50,13 +50,15 @@ GPT2_TINY = {
 MATMUL_FULL = {"n": 8192, "iters": 50}
 MATMUL_TINY = {"n": 128, "iters": 3}
 # tpu-compile-cudnn: compiled with TORCHTPU_CUDNN_ATTENTION=1 (cuDNN flash attention
-# through XLA:GPU's custom calls; not yet run on a GPU).
+# through XLA:GPU's custom calls). tpu-compile-fused: compiled with Fused Eager around, so
+# the optimizer step is one program instead of one Strict program per foreach op.
 GPT2_MODES = (
     "cuda-eager",
     "cuda-inductor",
     "tpu-fused",
     "tpu-graph",
     "tpu-compile",
+    "tpu-compile-fused",
     "tpu-compile-cudnn",
     "tpu-strict",
 )
@@ -228,8 +230,11 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
     """One GPT-2 training step (bf16 weights, AdamW), random init: ms per step."""
     cfg = GPT2_TINY if tiny else GPT2_FULL
     device = "cuda" if mode.startswith("cuda") else "tpu"
-    if mode == "tpu-compile-cudnn":
-        os.environ["TORCHTPU_CUDNN_ATTENTION"] = "1"  # read when torchtpu first decides
+    around = {"tpu-fused": "fused", "tpu-graph": "fused", "tpu-strict": "strict"}.get(mode)
+    if mode.startswith("tpu-compile"):
+        around = "fused" if mode == "tpu-compile-fused" else "strict"
+        if mode == "tpu-compile-cudnn":
+            os.environ["TORCHTPU_CUDNN_ATTENTION"] = "1"  # read when torchtpu first decides
         mode = "tpu-compile"
     torch, torchtpu = _import_for(device)
     if device == "cuda" and not torch.cuda.is_available():
@@ -272,13 +277,7 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
                 captured.append(eager_step())
             return captured[0]
 
-    eager = {
-        "tpu-fused": "fused",
-        "tpu-graph": "fused",
-        "tpu-strict": "strict",
-        "tpu-compile": "strict",
-    }.get(mode)
-    ctx = torchtpu.eager_mode(eager) if eager else _nullcontext()
+    ctx = torchtpu.eager_mode(around) if around else _nullcontext()
     with ctx:
         t0 = time.perf_counter()
         first = float(step().detach().float().cpu())
@@ -304,7 +303,7 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
         # optimizer (kept out of ms_per_step, whose steps have no such bubble). Not in
         # Fused, where that sync would cut the step into two graphs to compile.
         split = []
-        for _ in range(0 if mode in ("tpu-fused", "tpu-graph") else 3):
+        for _ in range(0 if around == "fused" else 3):
             t = time.perf_counter()
             fwd_bwd()
             _sync(device)
@@ -328,7 +327,7 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
     }
 
 
-PROFILED = ("cuda-inductor", "tpu-compile", "tpu-compile-cudnn")
+PROFILED = ("cuda-inductor", "tpu-compile", "tpu-compile-fused", "tpu-compile-cudnn")
 
 
 def _kernel_table(step, device: str, torch, steps: int = 2, top: int = 25) -> dict:
@@ -460,6 +459,20 @@ def _tests(tiny: bool, timeout: float, env: dict, selection: list[str], log: Pat
     }
 
 
+def _pack(folder: Path) -> None:
+    """The HLO text of XLA's dump folder as one .tgz beside it (the files brought back
+    from a device machine are few and bounded in size; LLVM IR and PTX stay out), the
+    folder removed."""
+    import shutil
+    import tarfile
+
+    if folder.is_dir():
+        with tarfile.open(f"{folder}.tgz", "w:gz") as tar:
+            for f in sorted(folder.glob("*.txt")):
+                tar.add(f, arcname=f"{folder.name}/{f.name}")
+        shutil.rmtree(folder)
+
+
 def _fmt(v, spec: str = ".3g") -> str:
     return format(v, spec) if isinstance(v, (int, float)) else str(v)
 
@@ -587,6 +600,11 @@ def main() -> None:
         default=[],
         help="parts to skip: tests parity gpt2 matmul, or one row (gpt2:tpu-strict, parity:cuda)",
     )
+    ap.add_argument(
+        "--dump-hlo",
+        action="store_true",
+        help="the tpu-compile row's XLA programs, as text, in hlo_tpu_compile.tgz",
+    )
     ap.add_argument("--part", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -625,25 +643,26 @@ def main() -> None:
     t_start = time.monotonic()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # (name, mode, cap in seconds), most important first: the GPT-2 rows the target
-    # compares (compiled vs Inductor) get the room a cold compile of 12 layers needs.
-    # Fused compiles three graphs in its first two steps (seen on XLA:CPU at these
-    # sizes), 25-36 s each on the H200.
+    # (name, mode, cap in seconds), most important first: the rows the target compares
+    # (compiled vs Inductor) and their variants get the room a cold compile of 12 layers
+    # needs (54 s for the compiled row on the H200). Fused compiles three graphs in its
+    # first two steps (seen on XLA:CPU at these sizes), 25-36 s each on the H200.
     gpt2_caps = {
-        "cuda-eager": 60,
         "cuda-inductor": 120,
         "tpu-compile": 120,
+        "tpu-compile-fused": 120,
         "tpu-compile-cudnn": 120,
-        "tpu-fused": 150,
-        "tpu-graph": 150,
+        "cuda-eager": 60,
     }
     plan = [("env", None, 60)]
     plan += [("gpt2", m, 150 if tiny else gpt2_caps[m]) for m in gpt2_caps]
     plan += [
-        ("tests", None, 240 if tiny else 60),
         ("parity", None, 90 if tiny else 60),
-        ("parity", "cuda", 60),
+        ("tests", None, 240 if tiny else 60),
         ("matmul", None, 60 if tiny else 40),
+        ("gpt2", "tpu-fused", 150),
+        ("parity", "cuda", 60),
+        ("gpt2", "tpu-graph", 150),
         ("gpt2", "tpu-strict", 150 if tiny else 80),
     ]
     selection = args.tests
@@ -664,7 +683,13 @@ def main() -> None:
             if name == "tests":
                 r = _tests(tiny, t, env, selection, out_dir / "tests.log")
             else:
-                r = _child(["--part", name, *(["--mode", mode] if mode else []), *flag], t, env)
+                row_env = env
+                if args.dump_hlo and mode == "tpu-compile":
+                    dump = out_dir / "hlo_tpu_compile"
+                    row_env = dict(env, XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text")
+                r = _child(["--part", name, *(["--mode", mode] if mode else []), *flag], t, row_env)
+                if row_env is not env:
+                    _pack(dump)
             print(f"[device] {label}: " + json.dumps(r)[:300], flush=True)
         if name == "gpt2":
             results["gpt2"][mode] = r

@@ -10,7 +10,8 @@
 #   bench/device.sh --cpu-dry-run        # here: tiny sizes on the CPU plugin
 #
 # Environment: TORCHTPU_PYTHON (default /opt/torch/.venv/bin/python3 when present),
-# TORCHTPU_BUILD_DIR (default build/device). When the image lacks pybind11, pytest or
+# TORCHTPU_BUILD_DIR (default build/device), TORCHTPU_DEVICE_SECONDS (the whole run's
+# wall time, default 480). When the image lacks pybind11, pytest or
 # pjrt_c_api.h, bench/device_prep.sh fills build/device_deps on the build machine;
 # carry that folder along.
 set -uo pipefail
@@ -68,7 +69,9 @@ JOBS=${TORCHTPU_BUILD_JOBS:-$(nproc)}
 BUILD_S=$(( $(date +%s) - START ))
 echo "[device.sh] built in ${BUILD_S} s"
 
-# What is left of the 8 minutes (a dry run on a small CPU machine gets longer).
-if [ "$DRY" = 1 ]; then BUDGET=900; else BUDGET=$(( 465 - BUILD_S )); fi
+# What is left of the 8 minutes, or of TORCHTPU_DEVICE_SECONDS (a dry run on a small
+# CPU machine gets longer).
+TOTAL=${TORCHTPU_DEVICE_SECONDS:-480}
+if [ "$DRY" = 1 ]; then BUDGET=900; else BUDGET=$(( TOTAL - 15 - BUILD_S )); fi
 [ "$BUDGET" -lt 120 ] && BUDGET=120
 "$PY" bench/device.py --out "$OUT_DIR" --budget "$BUDGET" "${ARGS[@]}"
