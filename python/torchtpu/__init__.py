@@ -67,9 +67,10 @@ def _register() -> None:
 
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from . import _ctc, _decomp, _logging, _printing, _shutdown
+    from . import _ctc, _decomp, _logging, _meta, _printing, _shutdown
 
     _ctc.install()
+    _meta.install()
     _printing.install()
     _decomp.install()
     _shutdown.install()

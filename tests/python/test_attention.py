@@ -210,3 +210,52 @@ def test_cudnn_opt_in_applies_to_gpus_only():
         env={"TORCHTPU_CUDNN_ATTENTION": "1"},
     )
     assert r.returncode == 0 and r.stdout.split() == ["True"], r.stdout + r.stderr
+
+
+def test_backward_meta_matches_the_kernel():
+    # torch.compile traces the backward on fake tensors; our fallback Meta kernel (for
+    # torch builds without one) must give what the tpu kernel returns.
+    from torchtpu import _meta
+
+    aten = torch.ops.aten
+    q, k, v = (torch.randn(2, 7, 3, 16).transpose(1, 2).to("tpu") for _ in range(3))
+    fwd = aten._scaled_dot_product_fused_attention_overrideable(q, k, v, is_causal=True)
+    out, lse, seed, offset = fwd[0], fwd[1], fwd[6], fwd[7]
+    args = (torch.randn_like(out), q, k, v, None)
+    rest = (out, lse, None, None, 7, 7, 0.0, True, seed, offset)
+    for mask in ([True, True, True, False], [True, False, True, False]):
+        got = aten._scaled_dot_product_fused_attention_overrideable_backward(*args, mask, *rest)
+        meta = _meta._attention_backward(
+            *(t.to("meta") if isinstance(t, torch.Tensor) else t for t in (*args, mask, *rest))
+        )
+        assert len(got) == len(meta) == 4
+        for g, m in zip(got, meta):
+            assert (g is None) == (m is None), (mask, g, m)
+            if g is not None:
+                assert (g.shape, g.stride(), g.dtype) == (m.shape, m.stride(), m.dtype)
+
+
+def test_meta_kernels_fill_only_what_torch_lacks():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torchtpu import _meta
+
+    # An op shaped like torch 2.11's overrideable backward: a default kernel that raises
+    # and no Meta kernel, so tracing it on fake tensors fails until one is registered.
+    lib = torch.library.Library("torchtpu_meta_test", "DEF")
+    lib.define("bwd(Tensor x) -> Tensor")
+
+    def refuse(x):
+        raise RuntimeError("bwd not implemented")
+
+    lib.impl("bwd", refuse, "CompositeExplicitAutograd")
+    op = torch.ops.torchtpu_meta_test.bwd.default
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.randn(3, 4).t())
+        with pytest.raises(Exception, match="not implemented"):
+            op(x)
+    impl = torch.library.Library("torchtpu_meta_test", "IMPL")
+    kernels = {"torchtpu_meta_test::bwd": torch.empty_like, "aten::add.Tensor": torch.add}
+    assert _meta.register_missing(impl, kernels) == ["torchtpu_meta_test::bwd"]
+    with FakeTensorMode() as mode:
+        y = op(mode.from_tensor(torch.randn(3, 4).t()))
+        assert y.shape == (4, 3) and y.stride() == (1, 4)
