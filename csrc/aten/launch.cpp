@@ -21,6 +21,7 @@
 #include "aten/events.h"
 #include "aten/runtime.h"
 #include "cache/compile_cache.h"
+#include "hlo/builder.h"
 #include "hlo/work.h"
 #include "lower/types.h"
 
@@ -348,7 +349,34 @@ void add_young(ProgramTable& t, std::string key, std::shared_ptr<const Launchabl
 }
 }  // namespace
 
+namespace {
+// PyTorch's own float32 settings decide what our f32 dots and convolutions may
+// do, as they decide for its CUDA kernels: matmuls are IEEE float32 unless
+// torch.set_float32_matmul_precision says "high" or "medium"; convolutions
+// may use TF32 while torch.backends.cudnn.allow_tf32 is on (its default).
+// Only XLA:GPU differs by setting. Programs built under another setting are
+// dropped when it changes (read on every lookup: a few loads).
+hlo::FloatPrecision torch_float_precision() {
+  const at::Context& ctx = at::globalContext();
+  const at::Float32MatmulPrecision m = ctx.float32MatmulPrecision();
+  return {m == at::Float32MatmulPrecision::HIGHEST ? hlo::Precision::Highest
+          : m == at::Float32MatmulPrecision::HIGH  ? hlo::Precision::High
+                                                   : hlo::Precision::Default,
+          ctx.allowTF32CuDNN() ? hlo::Precision::Default : hlo::Precision::Highest};
+}
+
+void sync_float_precision() {
+  const hlo::FloatPrecision p = torch_float_precision();
+  if (p == hlo::float_precision()) return;
+  std::lock_guard<std::mutex> lock(table_mu);
+  hlo::set_float_precision(p);
+  table().young.clear();
+  table().old.clear();
+}
+}  // namespace
+
 std::shared_ptr<const Launchable> find_program(const std::string& key) {
+  sync_float_precision();
   std::lock_guard<std::mutex> lock(table_mu);
   ProgramTable& t = table();
   if (auto it = t.young.find(key); it != t.young.end()) return it->second;

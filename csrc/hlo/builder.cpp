@@ -2,6 +2,7 @@
 // Ops are printed in MLIR's generic form, which every StableHLO version parses.
 #include "hlo/builder.h"
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,32 @@
 #include <string_view>
 
 namespace torchtpu::hlo {
+
+namespace {
+// Packed (dot, conv) so one atomic load reads a consistent pair.
+std::atomic<int> g_float_precision{static_cast<int>(Precision::Highest) * 4 +
+                                   static_cast<int>(Precision::Highest)};
+}  // namespace
+
+void set_float_precision(FloatPrecision p) {
+  g_float_precision.store(static_cast<int>(p.dot) * 4 + static_cast<int>(p.conv),
+                          std::memory_order_relaxed);
+}
+
+FloatPrecision float_precision() {
+  const int v = g_float_precision.load(std::memory_order_relaxed);
+  return {static_cast<Precision>(v / 4), static_cast<Precision>(v % 4)};
+}
+
+std::string precision_config(DType operands, Precision p) {
+  const bool f32 = operands == DType::F32 || operands == DType::C64;
+  const char* name = !f32 || p == Precision::Default ? "DEFAULT"
+                     : p == Precision::High          ? "HIGH"
+                                                     : "HIGHEST";
+  const std::string one = std::string("#stablehlo<precision ") + name + ">";
+  return "precision_config = [" + one + ", " + one + "]";
+}
+
 namespace {
 
 std::string hex(uint64_t bits, int digits) {

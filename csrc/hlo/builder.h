@@ -50,6 +50,23 @@ class DTypeError : public BuildError {
   using BuildError::BuildError;
 };
 
+// How a float32 (or complex64) dot or convolution may round its products:
+// stablehlo's precision_config. XLA:CPU computes in float32 at any setting;
+// XLA:GPU takes DEFAULT as leave to use TF32 and HIGHEST as float32 proper.
+enum class Precision { Default, High, Highest };
+struct FloatPrecision {
+  Precision dot = Precision::Highest;
+  Precision conv = Precision::Highest;
+  bool operator==(const FloatPrecision&) const = default;
+};
+// Process-wide, read as programs are built (the aten layer sets it from
+// torch's float32 matmul and cuDNN TF32 settings); other dtypes emit DEFAULT.
+void set_float_precision(FloatPrecision p);
+FloatPrecision float_precision();
+// The `precision_config = [...]` attribute of a dot or convolution whose
+// operands are `operands`: `p` for F32/C64, DEFAULT otherwise.
+std::string precision_config(DType operands, Precision p);
+
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
 // stablehlo.fft kinds; the inverse ones (IFFT, IRFFT) divide by the length.
 enum class Fft { FFT, IFFT, RFFT, IRFFT };

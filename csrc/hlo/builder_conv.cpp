@@ -118,7 +118,7 @@ Value Builder::convolution(Value lhs, Value rhs, const std::vector<int64_t>& win
     attrs += ", lhs_dilation = array<i64: " + ints(ld) + ">, padding = " + pad_attr(pad) +
              ", rhs_dilation = array<i64: " + ints(rd) +
              ">, window_strides = array<i64: " + ints(st) + ">";
-  attrs += ", precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]";
+  attrs += ", " + precision_config(lhs.dtype(), float_precision().conv);
   return op("convolution", {lhs, rhs}, attrs, t);
 }
 

@@ -190,11 +190,10 @@ Value Builder::dot_general(Value lhs, Value rhs, const std::vector<int64_t>& lb,
   field("rhs_batching_dimensions", rb);
   field("lhs_contracting_dimensions", lc);
   field("rhs_contracting_dimensions", rc);
-  return op(
-      "dot_general", {lhs, rhs},
-      "dot_dimension_numbers = #stablehlo.dot<" + dn +
-          ">, precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]",
-      t);
+  return op("dot_general", {lhs, rhs},
+            "dot_dimension_numbers = #stablehlo.dot<" + dn + ">, " +
+                precision_config(lhs.dtype(), float_precision().dot),
+            t);
 }
 
 // ---------------------------------------------------------------- gather / scatter

@@ -199,6 +199,32 @@ TEST(HloText, CustomCallCarriesConfigAndLayouts) {
 
 // Element types StableHLO does not define an op on are DTypeErrors at build
 // time, not a module the compiler rejects.
+TEST(HloText, FloatDotsAndConvolutionsCarryThePrecisionSet) {
+  auto text = [](DType d) {
+    Builder b;
+    Value x = b.param(Type{d, {1, 2, 3}});
+    b.ret(
+        {b.dot_general(x, x, {0}, {0}, {2}, {2}, d), b.convolution(x, x, {}, {}, {}, {}, 1, 1, d)});
+    return b.module();
+  };
+  auto count = [](const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+  };
+  const FloatPrecision was = float_precision();
+  EXPECT_EQ(count(text(DType::F32), "precision HIGHEST>"), 4u);  // the default: IEEE f32
+  set_float_precision({Precision::High, Precision::Default});
+  std::string f32 = text(DType::F32);
+  EXPECT_EQ(count(f32, "precision HIGH>"), 2u) << f32;     // the dot's two operands
+  EXPECT_EQ(count(f32, "precision DEFAULT>"), 2u) << f32;  // the convolution's
+  // Lower-precision types have nothing to round more: always DEFAULT.
+  set_float_precision({Precision::Highest, Precision::Highest});
+  EXPECT_EQ(count(text(DType::BF16), "precision DEFAULT>"), 4u);
+  EXPECT_EQ(count(text(DType::F64), "precision DEFAULT>"), 4u);
+  set_float_precision(was);
+}
+
 TEST(HloText, UndefinedElementTypesAreDTypeErrors) {
   Builder b;
   Value i = b.param(Type{DType::I32, {3}});

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchtpu
-from conftest import tpu
+from conftest import run_py, tpu
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -452,3 +452,43 @@ def test_fused_step_grad_scale_found_inf_and_tensor_lr_as_cpu(eager, name):
                 torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
             if found == 1.0:
                 assert all(torch.equal(a, b) for a, b in zip(out, params + grads + states))
+
+
+def test_float32_dots_follow_torch_precision_settings(tmp_path):
+    # As on PyTorch's CUDA: float32 matmuls are IEEE float32 unless
+    # torch.set_float32_matmul_precision allows less (XLA:GPU takes a dot's DEFAULT
+    # precision as TF32), and convolutions follow torch.backends.cudnn.allow_tf32.
+    # A change of setting reaches the programs built after it.
+    r = run_py(
+        """
+        import torch, torchtpu
+        a = torch.randn(8, 8, device="tpu")
+        x, w = torch.randn(1, 2, 5, 5, device="tpu"), torch.randn(3, 2, 3, 3, device="tpu")
+        with torchtpu.eager_mode("fused"):
+            for prec, tf32 in (("highest", True), ("high", False), ("medium", True)):
+                torch.set_float32_matmul_precision(prec)
+                torch.backends.cudnn.allow_tf32 = tf32
+                ((a @ a).sum() + torch.nn.functional.conv2d(x, w).sum()).cpu()
+            (a.bfloat16() @ a.bfloat16()).cpu()
+        """,
+        env={"TORCHTPU_DUMP_FUSED": str(tmp_path), "TORCHTPU_CACHE_DIR": "off"},
+    )
+    assert r.returncode == 0, r.stderr
+    texts = [
+        f.read_text() for f in sorted(tmp_path.glob("*.mlir"), key=lambda f: f.stat().st_mtime_ns)
+    ]
+
+    def precisions(text, op):
+        return [
+            ln.split("precision_config = [#stablehlo<precision ")[1].split(">")[0]
+            for ln in text.splitlines()
+            if f"stablehlo.{op}" in ln
+        ]
+
+    got = [(precisions(t, "dot_general"), precisions(t, "convolution")) for t in texts]
+    assert got == [
+        (["HIGHEST"], ["DEFAULT"]),
+        (["HIGH"], ["HIGHEST"]),
+        (["DEFAULT"], ["DEFAULT"]),
+        (["DEFAULT"], []),  # bfloat16: nothing to round more
+    ], got
