@@ -351,18 +351,21 @@ void add_young(ProgramTable& t, std::string key, std::shared_ptr<const Launchabl
 
 namespace {
 // PyTorch's own float32 settings decide what our f32 dots and convolutions may
-// do, as they decide for its CUDA kernels: matmuls are IEEE float32 unless
-// torch.set_float32_matmul_precision says "high" or "medium"; convolutions
-// may use TF32 while torch.backends.cudnn.allow_tf32 is on (its default).
-// Only XLA:GPU differs by setting. Programs built under another setting are
-// dropped when it changes (read on every lookup: a few loads).
+// do, as they decide for its CUDA kernels: TF32 where the CUDA matmul or conv
+// setting allows it (torch.set_float32_matmul_precision("high"),
+// torch.backends.cuda.matmul.fp32_precision, cudnn.allow_tf32: on by default
+// for convolutions), IEEE float32 elsewhere. Read through the per-backend API,
+// which answers whichever API set it (float32MatmulPrecision() throws once the
+// newer API was used). Only XLA:GPU differs by setting. Programs built under
+// another setting are dropped when it changes (read on every lookup).
 hlo::FloatPrecision torch_float_precision() {
   const at::Context& ctx = at::globalContext();
-  const at::Float32MatmulPrecision m = ctx.float32MatmulPrecision();
-  return {m == at::Float32MatmulPrecision::HIGHEST ? hlo::Precision::Highest
-          : m == at::Float32MatmulPrecision::HIGH  ? hlo::Precision::High
-                                                   : hlo::Precision::Default,
-          ctx.allowTF32CuDNN() ? hlo::Precision::Default : hlo::Precision::Highest};
+  auto tf32 = [&](at::Float32Op op) {
+    return ctx.float32Precision(at::Float32Backend::CUDA, op) == at::Float32Precision::TF32
+               ? hlo::Precision::Default
+               : hlo::Precision::Highest;
+  };
+  return {tf32(at::Float32Op::MATMUL), tf32(at::Float32Op::CONV)};
 }
 
 void sync_float_precision() {

@@ -455,28 +455,36 @@ def test_fused_step_grad_scale_found_inf_and_tensor_lr_as_cpu(eager, name):
 
 
 def test_float32_dots_follow_torch_precision_settings(tmp_path):
-    # As on PyTorch's CUDA: float32 matmuls are IEEE float32 unless
-    # torch.set_float32_matmul_precision allows less (XLA:GPU takes a dot's DEFAULT
-    # precision as TF32), and convolutions follow torch.backends.cudnn.allow_tf32.
-    # A change of setting reaches the programs built after it.
+    # As on PyTorch's CUDA: float32 matmuls are IEEE float32 unless a setting allows
+    # TF32 (XLA:GPU takes a dot's DEFAULT precision as TF32), convolutions allow TF32
+    # until cudnn says otherwise; the older and the newer API alike, mixed too. A
+    # change of setting reaches the programs built after it.
     r = run_py(
         """
         import torch, torchtpu
         a = torch.randn(8, 8, device="tpu")
         x, w = torch.randn(1, 2, 5, 5, device="tpu"), torch.randn(3, 2, 3, 3, device="tpu")
+
+        def step():
+            ((a @ a).sum() + torch.nn.functional.conv2d(x, w).sum()).cpu()
+
         with torchtpu.eager_mode("fused"):
-            for prec, tf32 in (("highest", True), ("high", False), ("medium", True)):
-                torch.set_float32_matmul_precision(prec)
-                torch.backends.cudnn.allow_tf32 = tf32
-                ((a @ a).sum() + torch.nn.functional.conv2d(x, w).sum()).cpu()
+            step()
+            torch.set_float32_matmul_precision("high")
+            torch.backends.cudnn.allow_tf32 = False
+            step()
+            torch.set_float32_matmul_precision("highest")
+            step()
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            torch.backends.cudnn.conv.fp32_precision = "tf32"
+            step()
             (a.bfloat16() @ a.bfloat16()).cpu()
         """,
         env={"TORCHTPU_DUMP_FUSED": str(tmp_path), "TORCHTPU_CACHE_DIR": "off"},
     )
     assert r.returncode == 0, r.stderr
-    texts = [
-        f.read_text() for f in sorted(tmp_path.glob("*.mlir"), key=lambda f: f.stat().st_mtime_ns)
-    ]
+    dumps = sorted(tmp_path.glob("fused_*.mlir"), key=lambda f: int(f.stem.split("_")[1]))
+    texts = [f.read_text() for f in dumps]
 
     def precisions(text, op):
         return [
@@ -488,7 +496,8 @@ def test_float32_dots_follow_torch_precision_settings(tmp_path):
     got = [(precisions(t, "dot_general"), precisions(t, "convolution")) for t in texts]
     assert got == [
         (["HIGHEST"], ["DEFAULT"]),
-        (["HIGH"], ["HIGHEST"]),
+        (["DEFAULT"], ["HIGHEST"]),
+        (["HIGHEST"], ["HIGHEST"]),
         (["DEFAULT"], ["DEFAULT"]),
         (["DEFAULT"], []),  # bfloat16: nothing to round more
     ], got
