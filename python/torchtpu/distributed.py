@@ -229,6 +229,32 @@ def _sharding_propagator():
     return ShardingPropagator
 
 
+def _serialize_fake_propagation(on: bool) -> None:
+    """DTensor derives output metadata by running ops under a FakeTensorMode, whose
+    state is not thread-safe: rank threads at once got fake tensors on another rank's
+    device. Torch's own threaded tests serialize it with the propagator's
+    `_fake_mode_lock`; torch 2.11 has no such hook, so there the method that runs
+    them is wrapped instead. `on` False puts back what was there."""
+    global _fake_lock_before
+    prop = _sharding_propagator()
+    hook = "_fake_mode_lock" if hasattr(prop, "_fake_mode_lock") else None
+    if not on:
+        setattr(prop, hook or "_propagate_tensor_meta_non_cached", _fake_lock_before)
+        return
+    if hook:
+        _fake_lock_before = prop._fake_mode_lock
+        prop._fake_mode_lock = threading.Lock()
+        return
+    _fake_lock_before = method = prop._propagate_tensor_meta_non_cached
+    lock = threading.Lock()
+
+    def serialized(self, op_schema):
+        with lock:
+            return method(self, op_schema)
+
+    prop._propagate_tensor_meta_non_cached = serialized
+
+
 def _enter_threads() -> _ThreadWorlds:
     global _threads_active
     c10d = dist.distributed_c10d
@@ -238,13 +264,7 @@ def _enter_threads() -> _ThreadWorlds:
         if _threads_active == 0:
             # c10d's C++ group registry per thread (autograd threads map to their rank).
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
-            # DTensor derives output metadata by running ops under a FakeTensorMode,
-            # whose state is not thread-safe: rank threads at once got fake tensors on
-            # another rank's device. Torch's own threaded tests serialize it so.
-            global _fake_lock_before
-            prop = _sharding_propagator()
-            _fake_lock_before = prop._fake_mode_lock
-            prop._fake_mode_lock = threading.Lock()
+            _serialize_fake_propagation(True)
         _threads_active += 1
         return c10d._world
 
@@ -255,7 +275,7 @@ def _leave_threads() -> None:
         _threads_active -= 1
         if _threads_active == 0:
             torch._C._distributed_c10d._set_thread_isolation_mode(False)
-            _sharding_propagator()._fake_mode_lock = _fake_lock_before
+            _serialize_fake_propagation(False)
 
 
 def run_on_devices(
