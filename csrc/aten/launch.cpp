@@ -357,7 +357,8 @@ namespace {
 // for convolutions), IEEE float32 elsewhere. Read through the per-backend API,
 // which answers whichever API set it (float32MatmulPrecision() throws once the
 // newer API was used). Only XLA:GPU differs by setting. Programs built under
-// another setting are dropped when it changes (read on every lookup).
+// another setting are dropped when it changes (read on every lookup); one whose
+// build was in flight then still lands with the setting it started under.
 hlo::FloatPrecision torch_float_precision() {
   const at::Context& ctx = at::globalContext();
   auto tf32 = [&](at::Float32Op op) {
