@@ -52,6 +52,9 @@ MATMUL_TINY = {"n": 128, "iters": 3}
 # tpu-compile-cudnn: compiled with TORCHTPU_CUDNN_ATTENTION=1 (cuDNN flash attention
 # through XLA:GPU's custom calls). tpu-compile-fused: compiled with Fused Eager around, so
 # the optimizer step is one program instead of one Strict program per foreach op.
+# tpu-compile-flat: compiled, Strict around, torchtpu.optim.flatten (each foreach op runs
+# on a few flat storages instead of 148 buffers: about 8 ms of host time per Strict AdamW
+# step on XLA:CPU, 9.2 ms of optimizer on the H100).
 GPT2_MODES = (
     "cuda-eager",
     "cuda-inductor",
@@ -59,6 +62,7 @@ GPT2_MODES = (
     "tpu-graph",
     "tpu-compile",
     "tpu-compile-fused",
+    "tpu-compile-flat",
     "tpu-compile-cudnn",
     "tpu-strict",
 )
@@ -231,6 +235,7 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
     cfg = GPT2_TINY if tiny else GPT2_FULL
     device = "cuda" if mode.startswith("cuda") else "tpu"
     around = {"tpu-fused": "fused", "tpu-graph": "fused", "tpu-strict": "strict"}.get(mode)
+    flat = mode == "tpu-compile-flat"
     if mode.startswith("tpu-compile"):
         around = "fused" if mode == "tpu-compile-fused" else "strict"
         if mode == "tpu-compile-cudnn":
@@ -244,6 +249,8 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
     # tpu-graph replays the whole step captured by torch.tpu.graph: the step count and
     # bias corrections must live on the device.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=mode == "tpu-graph")
+    if flat:
+        torchtpu.optim.flatten(opt)
     fwd = loss_fn
     if mode == "cuda-inductor":
         fwd = torch.compile(loss_fn)
@@ -327,7 +334,13 @@ def part_gpt2(tiny: bool, mode: str) -> dict:
     }
 
 
-PROFILED = ("cuda-inductor", "tpu-compile", "tpu-compile-fused", "tpu-compile-cudnn")
+PROFILED = (
+    "cuda-inductor",
+    "tpu-compile",
+    "tpu-compile-fused",
+    "tpu-compile-flat",
+    "tpu-compile-cudnn",
+)
 
 
 def _kernel_table(step, device: str, torch, steps: int = 2, top: int = 25) -> dict:
@@ -650,8 +663,9 @@ def main() -> None:
     gpt2_caps = {
         "cuda-inductor": 120,
         "tpu-compile": 120,
-        "tpu-compile-fused": 120,
         "tpu-compile-cudnn": 120,
+        "tpu-compile-fused": 120,
+        "tpu-compile-flat": 120,
         "cuda-eager": 60,
     }
     plan = [("env", None, 60)]
