@@ -229,6 +229,17 @@ def _sharding_propagator():
     return ShardingPropagator
 
 
+def _keep_fake_cuda_guard() -> None:
+    """A CUDA build of torch on a machine without a usable GPU (torch 2.11 seen): the
+    first FakeTensorMode installs a no-op CUDA device guard, and one installed from a
+    thread that then ends is gone; the autograd engine's next start reads it and
+    segfaults (DTensor's fake propagation in rank threads, then a backward on tpu).
+    Installed from the calling thread first, it stays."""
+    ensure = getattr(torch._C, "_ensureCUDADeviceGuardSet", None)
+    if ensure is not None and torch.version.cuda and not torch.cuda.is_available():
+        ensure()
+
+
 def _serialize_fake_propagation(on: bool) -> None:
     """DTensor derives output metadata by running ops under a FakeTensorMode, whose
     state is not thread-safe: rank threads at once got fake tensors on another rank's
@@ -265,6 +276,7 @@ def _enter_threads() -> _ThreadWorlds:
             # c10d's C++ group registry per thread (autograd threads map to their rank).
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
             _serialize_fake_propagation(True)
+            _keep_fake_cuda_guard()
         _threads_active += 1
         return c10d._world
 
