@@ -113,6 +113,23 @@ bool fill_on_host(const OpInfo& info, torch::jit::Stack& stack, size_t first) {
   return true;
 }
 
+// Compiles the call's program (`donate`: slots whose input buffer it writes its
+// result into) and keeps it under `key`; `what` names it in traces and reports.
+std::shared_ptr<const ProgramEntry> compile_and_keep(const c10::OperatorHandle& op,
+                                                     const OpInfo& info,
+                                                     const torch::jit::Stack& stack, CallKey& call,
+                                                     const std::string& key,
+                                                     const std::string& what,
+                                                     const std::vector<int>& donate = {}) {
+  TraceScope trace([&] { return "torchtpu::compile " + what; });
+  auto made = compile_call(op, info, stack, call.first, call.n, call.storages, donate);
+  made->what = what;
+  count_program(info.name);
+  add_program(key, made);
+  note_exact_program(key);
+  return made;
+}
+
 // TORCHTPU_STRICT_DONATE=0 turns donation off (to compare memory and speed).
 bool donation() {
   static const bool on = env_default_on("TORCHTPU_STRICT_DONATE");
@@ -148,13 +165,7 @@ std::shared_ptr<const ProgramEntry> donating(const c10::OperatorHandle& op, cons
   std::string key = call.key + "|donate";
   for (int slot : slots) put(key, static_cast<int32_t>(slot));
   if (auto entry = std::static_pointer_cast<const ProgramEntry>(find_program(key))) return entry;
-  TraceScope trace([&] { return "torchtpu::compile aten::" + info.name + " (in place)"; });
-  auto made = compile_call(op, info, stack, call.first, call.n, call.storages, slots);
-  made->what = "aten::" + info.name + " (in place)";
-  count_program(info.name);
-  add_program(key, made);
-  note_exact_program(key);
-  return made;
+  return compile_and_keep(op, info, stack, call, key, "aten::" + info.name + " (in place)", slots);
 }
 
 }  // namespace
@@ -203,13 +214,7 @@ void strict_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::S
     if (run_bucketed(op, info, stack, call)) return;
     if (ns == NewShape::BucketedElseHost)
       return run_on_host(op, info, stack, first, n, call.storages);
-    TraceScope trace([&] { return "torchtpu::compile aten::" + info.name; });
-    auto made = compile_call(op, info, *stack, first, n, call.storages);
-    made->what = "aten::" + info.name;
-    count_program(info.name);
-    add_program(call.key, made);
-    note_exact_program(call.key);
-    entry = std::move(made);
+    entry = compile_and_keep(op, info, *stack, call, call.key, "aten::" + info.name);
   }
   if (auto in_place = donating(op, info, *stack, call, *entry)) entry = std::move(in_place);
   const int device = call.storages.empty() ? current_device() : call.storages[0]->device;
