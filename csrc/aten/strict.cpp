@@ -161,11 +161,14 @@ std::shared_ptr<const ProgramEntry> donating(const c10::OperatorHandle& op, cons
     }
   }
   if (slots.empty()) return nullptr;
-  metrics().donated_bytes += nbytes;
   std::string key = call.key + "|donate";
   for (int slot : slots) put(key, static_cast<int32_t>(slot));
-  if (auto entry = std::static_pointer_cast<const ProgramEntry>(find_program(key))) return entry;
-  return compile_and_keep(op, info, stack, call, key, "aten::" + info.name + " (in place)", slots);
+  auto entry = std::static_pointer_cast<const ProgramEntry>(find_program(key));
+  if (!entry)
+    entry =
+        compile_and_keep(op, info, stack, call, key, "aten::" + info.name + " (in place)", slots);
+  metrics().donated_bytes += nbytes;  // once the program is in hand: a failed compile donates none
+  return entry;
 }
 
 }  // namespace
