@@ -52,9 +52,10 @@ MATMUL_TINY = {"n": 128, "iters": 3}
 # tpu-compile-cudnn: compiled with TORCHTPU_CUDNN_ATTENTION=1 (cuDNN flash attention
 # through XLA:GPU's custom calls). tpu-compile-fused: compiled with Fused Eager around, so
 # the optimizer step is one program instead of one Strict program per foreach op.
-# tpu-compile-flat: compiled, Strict around, torchtpu.optim.flatten (each foreach op runs
-# on a few flat storages instead of 148 buffers: about 8 ms of host time per Strict AdamW
-# step on XLA:CPU, 9.2 ms of optimizer on the H100).
+# tpu-compile-flat: compiled, Strict around, torchtpu.optim.flatten (parameters and state
+# in a few flat storages; the gradients stay 148 buffers). A Strict AdamW step over 148
+# buffers took about 8 ms of host time on XLA:CPU (9.2 ms of optimizer on the H100); an
+# ad-hoc A/B there showed flatten no faster, so this row asks whether XLA:GPU differs.
 GPT2_MODES = (
     "cuda-eager",
     "cuda-inductor",
