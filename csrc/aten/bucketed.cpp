@@ -746,7 +746,7 @@ bool run_bucketed(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   }
   // Outputs: into the out= tensors (their storages grown to the capacity),
   // or fresh tensors over capacity storages.
-  std::vector<at::Tensor> fresh;
+  c10::SmallVector<at::Tensor, 4> fresh;
   size_t k = 0;
   for (size_t r = 0; r < entry->ret_lists.size(); ++r, ++k) {
     const int a = r < info.ret_alias_arg.size() ? info.ret_alias_arg[r] : -1;

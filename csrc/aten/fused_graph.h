@@ -3,10 +3,12 @@
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 
 #include <atomic>
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -29,11 +31,13 @@ inline bool is_tensor_list(const c10::IValue& v) {
 }
 
 // How a recorded call's tensor argument is kept without keeping its storage alive.
+// Inline vectors: a step records hundreds of calls, and heap vectors per call
+// made malloc a tenth of the recording thread's time.
 struct TensorDesc {
   enum Kind : uint8_t { Undefined, Host, Device } kind;
   int slot = -1;
   c10::ScalarType dtype = c10::kFloat;
-  std::vector<int64_t> sizes, strides;
+  c10::SmallVector<int64_t, 5> sizes, strides;
   int64_t offset = 0;
 };
 
@@ -56,11 +60,11 @@ inline bool is_spmd_op(const c10::OperatorHandle& op) {
 struct Node {
   c10::OperatorHandle op;
   const OpInfo* info;
-  torch::jit::Stack args;         // device tensors replaced by undefined placeholders
-  std::vector<TensorDesc> descs;  // every tensor position, in traversal order
+  torch::jit::Stack args;                 // device tensors replaced by undefined placeholders
+  c10::SmallVector<TensorDesc, 3> descs;  // every tensor position, in traversal order
   std::shared_ptr<const Template> tmpl;
-  std::vector<int> out_slots;  // per output: graph slot of a fresh tensor, or -1
-  std::vector<int> writes;     // graph slots written in place
+  c10::SmallVector<int, 2> out_slots;  // per output: graph slot of a fresh tensor, or -1
+  c10::SmallVector<int, 2> writes;     // graph slots written in place
   std::vector<std::tuple<int, int, pjrt::BufferPtr>> host;      // (argument, element, upload)
   std::vector<std::tuple<int, int, c10::Scalar>> host_scalars;  // 0-dim host tensors' values
   uint64_t rng[2] = {0, 0};
@@ -99,7 +103,10 @@ struct Graph {
   RegionStorages* region = nullptr;  // set while a capture region records
   std::vector<Node> nodes;
   std::vector<GraphSlot> slots;
-  std::unordered_map<const DeviceStorage*, int> slot_of;
+  // slot_of's entries come from a pool that keeps them after a cut: one
+  // allocation per storage of each graph was a cost of every recorded call.
+  std::pmr::unsynchronized_pool_resource slot_pool;
+  std::pmr::unordered_map<const DeviceStorage*, int> slot_of{&slot_pool};
   std::string key;       // "F" + per call: its key and the graph slots of its storages
   int device = 0;        // every call of this graph runs here (one graph per device)
   bool counted = false;  // counted in g_nonempty

@@ -5,7 +5,6 @@
 // numbers of its storages), so a graph seen before is found without building
 // StableHLO. Storages are numbered by first use; their buffers at first use
 // are captured as inputs.
-#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -76,8 +75,8 @@ c10::IValue strip(Graph& g, Node& node, int arg, const c10::IValue& v) {
     d.slot = slot_for(g, st);
     if (g.region) g.region->insert_or_assign(st, t.storage().getWeakStorageImpl());
     d.dtype = t.scalar_type();
-    d.sizes = t.sizes().vec();
-    d.strides = t.strides().vec();
+    d.sizes.assign(t.sizes().begin(), t.sizes().end());
+    d.strides.assign(t.strides().begin(), t.strides().end());
     d.offset = t.storage_offset();
     node.descs.push_back(std::move(d));
     return at::Tensor();
@@ -99,6 +98,19 @@ c10::IValue strip(Graph& g, Node& node, int arg, const c10::IValue& v) {
     return l;
   }
   return v;
+}
+
+// Tensor positions among a call's arguments (the descs strip makes).
+size_t tensor_positions(const torch::jit::Stack& stack, size_t first, size_t n) {
+  size_t k = 0;
+  for (size_t i = first; i < first + n; ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor())
+      ++k;
+    else if (v.isTensorList() || is_tensor_list(v))
+      k += v.toListRef().size();
+  }
+  return k;
 }
 
 // Returns the storage's graph slot.
@@ -288,14 +300,14 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
   node.tmpl = tmpl;
   if (g.key.empty()) g.key.push_back('F');  // the program table's key of a fused graph
   g.key += key;
-  std::vector<int> slots;
-  slots.reserve(storages.size());
+  c10::SmallVector<int, 8> slots;
   for (DeviceStorage* st : storages) {
     slots.push_back(slot_for(g, st));
     put(g.key, static_cast<int32_t>(slots.back()));
   }
   const uint64_t prefix = graph::extend_prefix(g.prefix, h, slots);
   node.args.reserve(n);
+  node.descs.reserve(tensor_positions(*stack, first, n));
   for (size_t i = 0; i < n; ++i)
     node.args.push_back(strip(g, node, static_cast<int>(i), (*stack)[first + i]));
   if (tmpl->rng_numel >= 0)
@@ -308,7 +320,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
     node.writes.push_back(mark_written(g, storages[slot], dtype));
   // Fresh outputs: real tensors whose storages wait for the graph.
   const CallOutputs& co = tmpl->outs;
-  std::vector<at::Tensor> fresh;
+  c10::SmallVector<at::Tensor, 4> fresh;
   node.out_slots.assign(co.types.size(), -1);
   size_t k = 0;
   for (size_t r = 0; r < co.ret_lists.size(); ++r) {
@@ -321,11 +333,7 @@ void fused_record(const c10::OperatorHandle& op, const OpInfo& info, torch::jit:
         continue;
       }
       const Type& t = co.types[k];
-      at::Tensor out =
-          at::empty(t.shape, c10::TensorOptions()
-                                 .dtype(lower::to_scalar_type(t.dtype))
-                                 .device(c10::Device(c10::DeviceType::PrivateUse1,
-                                                     static_cast<c10::DeviceIndex>(device))));
+      at::Tensor out = empty_on_device(t.shape, lower::to_scalar_type(t.dtype), device);
       DeviceStorage* st = &device_storage(out.storage());
       st->dtype = t.dtype;
       st->pending = true;

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <string_view>
 
 #include "aten/events.h"
 #include "aten/fused.h"
@@ -246,14 +247,17 @@ std::string describe_spmd(const Graph& g, const std::vector<int>& order) {
   return s;
 }
 
-// Runs the calls `order` as one program (cached under `key`, which the output
-// list and donations extend) and returns its result buffers, one per `outs`.
-// `chunk`: a piece of a graph the ranks disagreed on (run_chunked).
+// Runs the calls `order` as one program (cached under `key` + `suffix`, which
+// the output list and donations extend) and returns its result buffers, one
+// per `outs`. `chunk`: a piece of a graph the ranks disagreed on (run_chunked).
 std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
-                                      const std::vector<int>& outs, std::string key, bool& hit,
-                                      size_t& failed, bool chunk = false) {
-  const std::string base = key;
-  key.push_back('|');
+                                      const std::vector<int>& outs, const std::string& key,
+                                      std::string_view suffix, bool& hit, size_t& failed,
+                                      bool chunk = false) {
+  // A step's key is kilobytes long: the lookup key is built in a string that
+  // keeps its capacity, and copied only for a new program.
+  thread_local std::string lookup;
+  lookup.assign(key).append(suffix).push_back('|');
   for (int o : outs) {
     GraphSlot& s = g.slots[o];
     // Not with SPMD collectives: every rank must build the same program, and
@@ -261,10 +265,10 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
     s.state.donate = donation() && g.spmd_group < 0 && s.st && s.captured &&
                      s.captured.use_count() - s.captured->queued_uses() == 2 &&
                      s.st->buffer == s.captured;
-    put(key, static_cast<int32_t>(o));
-    put(key, s.state.donate);
+    put(lookup, static_cast<int32_t>(o));
+    put(lookup, s.state.donate);
   }
-  auto entry = std::static_pointer_cast<const ProgramEntry>(find_program(key));
+  auto entry = std::static_pointer_cast<const ProgramEntry>(find_program(lookup));
   if (entry) {
     hit = true;
     metrics().fused_cache_hits++;
@@ -276,7 +280,7 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
                  " ops: aten::" + g.nodes[order.front()].info->name +
                  " .. aten::" + g.nodes[order.back()].info->name;
     count_program(made->what);
-    add_program(std::move(key), made);
+    add_program(lookup, made);
     entry = std::move(made);
   }
   GraphFeed feed(g, order);
@@ -317,7 +321,7 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
       results = launch(*entry, inputs, g.device, [&] { return describe_spmd(g, order); });
       break;
     } catch (const ProgramsDiffer&) {
-      if (!chunk) return run_chunked(g, order, outs, base, failed);
+      if (!chunk) return run_chunked(g, order, outs, key + std::string(suffix), failed);
       // A rank still brought a whole graph: it runs it in pieces too, so this
       // piece meets it again.
       if (!entry->replica_single) throw;
@@ -361,11 +365,11 @@ std::vector<pjrt::BufferPtr> run_chunked(Graph& g, const std::vector<int>& order
     for (size_t d = c + 1; d < chunks.size(); ++d)
       for (int i : chunks[d]) for_reads(g.nodes[i], [&](int s) { later[s] = 1; });
     const std::vector<int> piece_outs = outputs_of(g, chunks[c], &later);
-    std::string piece_key = key + "|piece";
-    put(piece_key, static_cast<int32_t>(chunks[c].front()));
-    put(piece_key, static_cast<int32_t>(chunks[c].back()));
+    std::string piece = "|piece";
+    put(piece, static_cast<int32_t>(chunks[c].front()));
+    put(piece, static_cast<int32_t>(chunks[c].back()));
     bool hit = false;
-    auto results = run_part(g, chunks[c], piece_outs, piece_key, hit, failed, /*chunk=*/true);
+    auto results = run_part(g, chunks[c], piece_outs, key, piece, hit, failed, /*chunk=*/true);
     for (size_t k = 0; k < results.size(); ++k) {
       GraphSlot& s = g.slots[piece_outs[k]];
       s.state = SlotState{true, results[k]->dtype(), s.state.nbytes};
@@ -434,19 +438,24 @@ void flush_locked(Graph& g, const char* reason, int target) {
       for_reads(g.nodes[i], [&](int s) { used_by_rest[s] = 1; });
       for_writes(g.nodes[i], [&](int s) { used_by_rest[s] = written_by_rest[s] = 1; });
     }
-    std::string key = std::move(g.key);
-    std::string key_first = rest.empty() ? std::move(key) : key + "|needed:";
-    if (!rest.empty()) put(key_first, static_cast<int32_t>(target));
+    // g.key stays the graph's (clear() keeps its capacity for the next graph).
+    std::string suffix;
+    if (!rest.empty()) {
+      suffix = "|needed:";
+      put(suffix, static_cast<int32_t>(target));
+    }
     std::vector<int> outs = outputs_of(g, first, &used_by_rest);
-    auto results = run_part(g, first, outs, std::move(key_first), hit_first, failed);
+    auto results = run_part(g, first, outs, g.key, suffix, hit_first, failed);
     assign(outs, results, &written_by_rest);
     n_outs = outs.size();
     if (!rest.empty()) {
       count_cut(std::string(reason) + "+rest");
       outs = outputs_of(g, rest);
       n_outs += outs.size();
-      put(key, static_cast<int32_t>(target));
-      results = run_part(g, rest, outs, key + "|rest", hit_rest, failed);
+      suffix.clear();
+      put(suffix, static_cast<int32_t>(target));
+      suffix += "|rest";
+      results = run_part(g, rest, outs, g.key, suffix, hit_rest, failed);
       assign(outs, results, nullptr);
     }
     // When the calls up to the last one this read needed are recorded again, they

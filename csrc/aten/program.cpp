@@ -418,6 +418,7 @@ CallKey key_call(const c10::OperatorHandle& op, const OpInfo& info,
   c.n = op.schema().arguments().size();
   c.first = stack.size() - c.n;
   c.key.reserve(256);
+  c.storages.reserve(4);
   c.key.push_back('S');  // the program table's keys start with their runner's letter
   put(c.key, &info);
   for (size_t i = 0; i < c.n; ++i)
@@ -540,9 +541,9 @@ std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_
 }
 
 void push_returns(const OpInfo& info, const std::vector<int>& ret_lists,
-                  std::vector<at::Tensor>& fresh, torch::jit::Stack& stack, size_t first) {
+                  c10::SmallVectorImpl<at::Tensor>& fresh, torch::jit::Stack& stack, size_t first) {
   // Returns replace the arguments; aliased ones are kept aside first (most ops alias none).
-  torch::jit::Stack aliased;
+  c10::SmallVector<c10::IValue, 2> aliased;
   for (int alias : info.ret_alias_arg)
     if (alias >= 0) aliased.push_back(stack[first + alias]);
   stack.erase(stack.begin() + first, stack.end());

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 
 #include <functional>
 #include <optional>
@@ -243,7 +244,7 @@ std::optional<at::Generator> find_generator(const torch::jit::Stack& args, size_
 pjrt::BufferPtr host_input(const c10::IValue& v, int sub, int device);
 // The op's returns on the stack: aliased arguments or fresh tensors.
 void push_returns(const OpInfo& info, const std::vector<int>& ret_lists,
-                  std::vector<at::Tensor>& fresh, torch::jit::Stack& stack, size_t first);
+                  c10::SmallVectorImpl<at::Tensor>& fresh, torch::jit::Stack& stack, size_t first);
 // Short description of an op call for error messages: "aten::mm(f32[2, 3], f32[4, 5])".
 std::string describe(const std::string& op, const torch::jit::Stack& args, size_t first, size_t n);
 // A tensor's view of its storage, for lower::read_view / write_view.

@@ -501,14 +501,18 @@ pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device) {
   return upload(zeros.data(), dtype, dims, device);
 }
 
-at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,
-                       int device) {
+at::Tensor empty_on_device(c10::IntArrayRef sizes, c10::ScalarType dtype, int device) {
   // Allocated directly, not through at::empty's dispatch: one per op output.
   std::optional<c10::DeviceGuard> guard;
   if (device != current_device())
     guard.emplace(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
-  at::Tensor t = at::detail::empty_generic(
+  return at::detail::empty_generic(
       sizes, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, std::nullopt);
+}
+
+at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,
+                       int device) {
+  at::Tensor t = empty_on_device(sizes, dtype, device);
   auto& st = device_storage(t.storage());
   st.dtype = buf->dtype();
   st.buffer = std::move(buf);

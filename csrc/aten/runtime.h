@@ -105,6 +105,8 @@ pjrt::BufferPtr upload(const void* data, DType dtype, std::span<const int64_t> d
 at::Tensor download(const pjrt::Buffer& buf, const at::Tensor& like);
 // Zero-initialized storage buffer of `nbytes` with element type `dtype`.
 pjrt::BufferPtr zeros_buffer(DType dtype, int64_t n, int device);
+// New contiguous tpu tensor on `device` with an empty storage (no dispatch).
+at::Tensor empty_on_device(c10::IntArrayRef sizes, c10::ScalarType dtype, int device);
 // New contiguous tpu tensor owning `buf` (rank-1, numel elements).
 at::Tensor wrap_buffer(pjrt::BufferPtr buf, c10::IntArrayRef sizes, c10::ScalarType dtype,
                        int device);

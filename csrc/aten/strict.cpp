@@ -67,7 +67,7 @@ void push_results(const ProgramEntry& entry, const OpInfo& info,
                   const std::vector<pjrt::BufferPtr>& outs,
                   const std::vector<DeviceStorage*>& storages, int device, torch::jit::Stack& stack,
                   size_t first) {
-  std::vector<at::Tensor> fresh;
+  c10::SmallVector<at::Tensor, 4> fresh;
   size_t next = 0;
   for (const OutSpec& o : entry.outs) {
     if (o.undefined) {
