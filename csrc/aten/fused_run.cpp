@@ -274,13 +274,14 @@ std::vector<pjrt::BufferPtr> run_part(Graph& g, const std::vector<int>& order,
     metrics().fused_cache_hits++;
   } else {
     TraceScope trace("torchtpu::compile fused_graph", static_cast<int64_t>(order.size()));
+    std::string new_key = lookup;  // `lookup` is the thread's: kept before anything else runs
     auto made = build(g, order, outs, failed);
     made->replica_single = order.size() == 1 && is_spmd_op(g.nodes[order[0]].op);
     made->what = "fused graph of " + std::to_string(order.size()) +
                  " ops: aten::" + g.nodes[order.front()].info->name +
                  " .. aten::" + g.nodes[order.back()].info->name;
     count_program(made->what);
-    add_program(lookup, made);
+    add_program(std::move(new_key), made);
     entry = std::move(made);
   }
   GraphFeed feed(g, order);
