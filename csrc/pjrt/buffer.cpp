@@ -41,8 +41,9 @@ std::atomic<int64_t> direct_reads{0};
 // is replaced. Buffers are destroyed on this thread instead. A wake-up per
 // freed buffer cost the freeing thread a futex call (2% of a small model's
 // training step), so small buffers wait for the reaper's own rounds: every
-// 1 ms while buffers keep coming, backing off to 128 ms when none come. A large
-// buffer, or a full batch, wakes it at once.
+// 1 ms while buffers keep coming, backing off while none come, and parked
+// (no rounds at all) once none came for about 250 ms. A large buffer, a full
+// batch, or a buffer that finds it parked wakes it at once.
 class Reaper {
  public:
   Reaper() {
@@ -54,7 +55,7 @@ class Reaper {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.emplace_back(std::move(client), buf);
       prompt_ = prompt_ || nbytes >= kPromptBytes;
-      wake = (prompt_ || queue_.size() >= kBatch) && sleeping_;
+      wake = parked_ || ((prompt_ || queue_.size() >= kBatch) && sleeping_);
     }
     if (wake) cv_.notify_one();
   }
@@ -66,13 +67,19 @@ class Reaper {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mu_);
+        if (wait > kMaxWait) {
+          parked_ = true;
+          cv_.wait(lock, [this] { return !queue_.empty(); });
+          parked_ = false;
+          wait = kMinWait;
+        }
         sleeping_ = true;
         cv_.wait_for(lock, wait, [this] { return prompt_ || queue_.size() >= kBatch; });
         sleeping_ = false;
         prompt_ = false;
         batch.swap(queue_);
       }
-      wait = batch.empty() ? std::min(wait * 2, kMaxWait) : kMinWait;
+      wait = batch.empty() ? wait * 2 : kMinWait;
       for (auto& [client, buf] : batch) destroy_buffer(client->api(), buf);
       batch.clear();
     }
@@ -82,7 +89,7 @@ class Reaper {
   static constexpr std::chrono::milliseconds kMinWait{1}, kMaxWait{128};
   std::mutex mu_;
   std::condition_variable cv_;
-  bool sleeping_ = false, prompt_ = false;
+  bool sleeping_ = false, prompt_ = false, parked_ = false;
   std::vector<std::pair<std::shared_ptr<Client>, PJRT_Buffer*>> queue_;
 };
 
