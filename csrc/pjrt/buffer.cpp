@@ -55,8 +55,9 @@ class Reaper {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.emplace_back(std::move(client), buf);
       prompt_ = prompt_ || nbytes >= kPromptBytes;
-      wake = parked_ || ((prompt_ || queue_.size() >= kBatch) && sleeping_);
+      wake = parked_ || prompt_ || queue_.size() >= kBatch;
     }
+    // Without a waiter (the reaper destroying a batch) the signal is no system call.
     if (wake) cv_.notify_one();
   }
 
@@ -73,9 +74,7 @@ class Reaper {
           parked_ = false;
           wait = kMinWait;
         }
-        sleeping_ = true;
         cv_.wait_for(lock, wait, [this] { return prompt_ || queue_.size() >= kBatch; });
-        sleeping_ = false;
         prompt_ = false;
         batch.swap(queue_);
       }
@@ -89,7 +88,7 @@ class Reaper {
   static constexpr std::chrono::milliseconds kMinWait{1}, kMaxWait{128};
   std::mutex mu_;
   std::condition_variable cv_;
-  bool sleeping_ = false, prompt_ = false, parked_ = false;
+  bool prompt_ = false, parked_ = false;
   std::vector<std::pair<std::shared_ptr<Client>, PJRT_Buffer*>> queue_;
 };
 
