@@ -5,6 +5,10 @@ for the overrideable attention backward (the op our fused attention answers); to
 the PyTorch of the GPU image, has none, so every compiled model with attention failed
 there ("..._backward not implemented", seen on an H100). Each kernel here is registered
 only where torch has none of its own, so a torch that has one keeps it.
+
+Some releases ship a Meta kernel that fails: torch 2.11's `addmm.dtype` passes `beta`
+twice to its decomposition, so every call raised `TypeError` on tpu (and on meta). Those
+are replaced only where a probe on meta tensors shows the shipped one failing.
 """
 
 from __future__ import annotations
@@ -45,8 +49,36 @@ def _attention_backward(
     return (*grads, None)
 
 
+def _addmm_dtype(self, mat1, mat2, out_dtype, *, beta=1, alpha=1):
+    torch._check(mat1.dim() == 2 and mat2.dim() == 2, lambda: "addmm: matrices expected")
+    torch._check(
+        mat1.shape[1] == mat2.shape[0],
+        lambda: (
+            f"addmm: mat1 and mat2 shapes cannot be multiplied "
+            f"({mat1.shape[0]}x{mat1.shape[1]} and {mat2.shape[0]}x{mat2.shape[1]})"
+        ),
+    )
+    out = (mat1.shape[0], mat2.shape[1])
+    torch._check(
+        torch.broadcast_shapes(self.shape, out) == out,
+        lambda: f"addmm: self of shape {tuple(self.shape)} does not broadcast to {out}",
+    )
+    return mat1.new_empty(out, dtype=out_dtype)
+
+
+def _probe_addmm_dtype():
+    m = torch.empty(2, 2, dtype=torch.bfloat16, device="meta")
+    torch.ops.aten.addmm.dtype(torch.empty(2, 2, device="meta"), m, m, torch.float32, beta=0.5)
+
+
 KERNELS: dict[str, Callable] = {
     "aten::_scaled_dot_product_fused_attention_overrideable_backward": _attention_backward,
+}
+
+
+# Kernels that replace a shipped Meta kernel when its probe raises.
+REPLACEMENTS: dict[str, tuple[Callable, Callable[[], object]]] = {
+    "aten::addmm.dtype": (_addmm_dtype, _probe_addmm_dtype),
 }
 
 
@@ -62,9 +94,27 @@ def register_missing(lib: torch.library.Library, kernels: dict[str, Callable]) -
     return done
 
 
+def replace_failing(
+    lib: torch.library.Library, kernels: dict[str, tuple[Callable, Callable[[], object]]]
+) -> list[str]:
+    """Registers each kernel as its op's Meta kernel on `lib` where the op has none or its
+    probe raises with the one it has; returns the names registered."""
+    done = []
+    for name, (fn, probe) in kernels.items():
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"):
+            try:
+                probe()
+                continue
+            except Exception:
+                pass
+        lib.impl(name.split("::", 1)[1], fn, "Meta", allow_override=True)
+        done.append(name)
+    return done
+
+
 def install() -> list[str]:
     global _LIB
     if _LIB is not None:
         return []
     _LIB = torch.library.Library("aten", "IMPL")
-    return register_missing(_LIB, KERNELS)
+    return register_missing(_LIB, KERNELS) + replace_failing(_LIB, REPLACEMENTS)

@@ -235,13 +235,19 @@ def test_backward_meta_matches_the_kernel():
                 assert (g.shape, g.stride(), g.dtype) == (m.shape, m.stride(), m.dtype)
 
 
+_KEEP: list[torch.library.Library] = []
+
+
 def test_meta_kernels_fill_only_what_torch_lacks():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torchtpu import _meta
 
     # An op shaped like torch 2.11's overrideable backward: a default kernel that raises
     # and no Meta kernel, so tracing it on fake tensors fails until one is registered.
+    # Libraries stay alive for the process: a namespace whose library died breaks
+    # torch.export's walk of every namespace, which torch.compile runs.
     lib = torch.library.Library("torchtpu_meta_test", "DEF")
+    _KEEP.append(lib)
     lib.define("bwd(Tensor x) -> Tensor")
 
     def refuse(x):
@@ -254,6 +260,7 @@ def test_meta_kernels_fill_only_what_torch_lacks():
         with pytest.raises(Exception, match="not implemented"):
             op(x)
     impl = torch.library.Library("torchtpu_meta_test", "IMPL")
+    _KEEP.append(impl)
     kernels = {"torchtpu_meta_test::bwd": torch.empty_like, "aten::add.Tensor": torch.add}
     assert _meta.register_missing(impl, kernels) == ["torchtpu_meta_test::bwd"]
     with FakeTensorMode() as mode:

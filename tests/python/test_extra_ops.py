@@ -357,3 +357,58 @@ def test_cross_entropy_with_every_target_ignored(eager):
     loss_t.backward()
     torch.testing.assert_close(loss_t.cpu(), loss, equal_nan=True)
     assert_tpu_close(xt.grad, x.grad)
+
+
+def test_addmm_dtype_meta_matches_torch():
+    # The Meta kernel that replaces a failing shipped one (torch 2.11's) gives what a
+    # working torch's gives, and rejects what it rejects.
+    from torchtpu import _meta
+
+    aten = torch.ops.aten
+    m = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt, device="meta")  # noqa: E731
+    for c in (m(4, 3, dt=torch.float32), m(3, dt=torch.float32), m(1, 1, dt=torch.float32)):
+        ours = _meta._addmm_dtype(c, m(4, 5), m(5, 3), torch.float32, beta=0.5)
+        theirs = aten.addmm.dtype(c, m(4, 5), m(5, 3), torch.float32, beta=0.5)
+        assert (ours.shape, ours.stride(), ours.dtype) == (
+            theirs.shape,
+            theirs.stride(),
+            theirs.dtype,
+        )
+    for bad in ((m(4, 3), m(4, 5), m(4, 3)), (m(2, 3), m(4, 5), m(5, 3))):
+        with pytest.raises(RuntimeError):
+            _meta._addmm_dtype(*bad, torch.float32)
+
+
+_KEEP: list[torch.library.Library] = []
+
+
+def test_meta_kernels_replace_only_failing_ones():
+    from torchtpu import _meta
+
+    # Libraries stay alive for the process: a namespace whose library died breaks
+    # torch.export's walk of every namespace, which torch.compile runs.
+    lib = torch.library.Library("torchtpu_meta_repl", "DEF")
+    _KEEP.append(lib)
+    lib.define("broken(Tensor x) -> Tensor")
+    lib.define("works(Tensor x) -> Tensor")
+
+    def broken(x):
+        raise TypeError("shipped meta kernel fails")
+
+    lib.impl("broken", broken, "Meta")
+    lib.impl("works", torch.empty_like, "Meta")
+    ops = torch.ops.torchtpu_meta_repl
+    x = torch.empty(3, 4, device="meta")
+    with pytest.raises(TypeError):
+        ops.broken(x)
+    kernels = {
+        f"torchtpu_meta_repl::{n}": (
+            lambda t: t.new_empty(t.shape[::-1]),
+            lambda n=n: getattr(ops, n)(x),
+        )
+        for n in ("broken", "works")
+    }
+    impl = torch.library.Library("torchtpu_meta_repl", "IMPL")
+    _KEEP.append(impl)
+    assert _meta.replace_failing(impl, kernels) == ["torchtpu_meta_repl::broken"]
+    assert ops.broken(x).shape == (4, 3) and ops.works(x).shape == (3, 4)
