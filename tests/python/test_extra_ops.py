@@ -365,7 +365,7 @@ def test_addmm_dtype_meta_matches_torch():
     from torchtpu import _meta
 
     aten = torch.ops.aten
-    m = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt, device="meta")  # noqa: E731
+    m = lambda *s, dt=torch.bfloat16: torch.empty(*s, dtype=dt, device="meta")
     for c in (m(4, 3, dt=torch.float32), m(3, dt=torch.float32), m(1, 1, dt=torch.float32)):
         ours = _meta._addmm_dtype(c, m(4, 5), m(5, 3), torch.float32, beta=0.5)
         theirs = aten.addmm.dtype(c, m(4, 5), m(5, 3), torch.float32, beta=0.5)
