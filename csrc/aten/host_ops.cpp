@@ -14,6 +14,7 @@
 #include "aten/copy.h"
 #include "aten/events.h"
 #include "aten/fused.h"
+#include "aten/program.h"
 #include "lower/types.h"
 
 namespace torchtpu::aten {
@@ -206,7 +207,7 @@ void host_run(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Sta
       cpu.push_back(v);
     }
   }
-  op.callBoxed(&cpu);
+  call_boxed_holding_args(op, &cpu);
   host.write_back();
 
   const auto& rets = op.schema().returns();

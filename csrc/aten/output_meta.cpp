@@ -91,7 +91,7 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const OpInfo
     // An out= overload without a meta kernel (geqrf.a, _logcumsumexp.out):
     // its functional twin's results give the sizes its out arguments take.
     torch::jit::Stack fs(ms.begin(), ms.begin() + info.functional->schema().arguments().size());
-    info.functional->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &fs);
+    call_boxed_holding_args(*info.functional, &fs, c10::DispatchKey::Meta);
     TORCH_CHECK(fs.size() == info.ret_alias_arg.size(), "[tpu] ", info.name, " returns ",
                 info.ret_alias_arg.size(), " values, its functional twin ", fs.size());
     torch::jit::Stack outs;
@@ -105,7 +105,7 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const OpInfo
     ms = std::move(outs);
   } else {
     try {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+      call_boxed_holding_args(op, &ms, c10::DispatchKey::Meta);
     } catch (const std::exception&) {
       // Some of PyTorch's Python meta kernels fail on empty inputs where the CPU
       // kernel does not (max_pool2d_with_indices on a batch of 0 reshapes 0
@@ -117,7 +117,7 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const OpInfo
       for (size_t i = 0; i < n; ++i)
         ms.push_back(map_tensors(args[first + i], zeros_on_cpu, c10::kCPU));
       try {
-        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &ms);
+        call_boxed_holding_args(op, &ms, c10::DispatchKey::CPU);
       } catch (const std::exception&) {
         std::rethrow_exception(meta_error);
       }
@@ -145,6 +145,15 @@ std::vector<at::Tensor> meta_outputs(const c10::OperatorHandle& op, const OpInfo
 }
 
 }  // namespace
+
+void call_boxed_holding_args(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                             std::optional<c10::DispatchKey> key) {
+  const torch::jit::Stack held = *stack;
+  if (key)
+    op.redispatchBoxed(c10::DispatchKeySet(*key), stack);
+  else
+    op.callBoxed(stack);
+}
 
 c10::IValue to_meta(const c10::IValue& v) { return map_tensors(v, meta_of, c10::kMeta); }
 

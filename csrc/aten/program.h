@@ -135,6 +135,14 @@ CallOutputs call_outputs(const c10::OperatorHandle& op, const OpInfo& info,
 // (PyTorch's foreach meta kernels skip the element ops' checks and promotion).
 CallOutputs foreach_outputs(const ForeachOp& f, const OpInfo& info, const torch::jit::Stack& args,
                             size_t first);
+// A boxed call of op (its `key` kernel, else the dispatcher's choice) that holds
+// its own references to the arguments. torch 2.11's boxing of a kernel returning
+// a tuple of references (topk.values, max_pool2d_with_indices.out, lstsq.solution)
+// drops the arguments before it copies the results, so an out= tensor held only
+// by the stack was freed and then released again: heap corruption that aborted at
+// some later malloc.
+void call_boxed_holding_args(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                             std::optional<c10::DispatchKey> key = std::nullopt);
 // A meta-device copy of an argument (tensors and tensor lists; CPU tensors of
 // rank > 0 stay, so device mismatches raise as in eager).
 c10::IValue to_meta(const c10::IValue& v);
