@@ -375,8 +375,9 @@ def test_addmm_dtype_meta_matches_torch():
             theirs.dtype,
         )
     for bad in ((m(4, 3), m(4, 5), m(4, 3)), (m(2, 3), m(4, 5), m(5, 3))):
-        with pytest.raises(RuntimeError):
-            _meta._addmm_dtype(*bad, torch.float32)
+        for kernel in (_meta._addmm_dtype, aten.addmm.dtype):
+            with pytest.raises(RuntimeError):
+                kernel(*bad, torch.float32)
 
 
 _KEEP: list[torch.library.Library] = []
