@@ -395,7 +395,7 @@ CallOutputs foreach_outputs(const ForeachOp& f, const OpInfo& info, const torch:
   for (size_t e = 0; e < n; ++e) {
     torch::jit::Stack ms;
     for (size_t j = 0; j < f.src.size(); ++j) ms.push_back(to_meta(f.element_arg(arg, j, e)));
-    f.op->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+    call_boxed_holding_args(*f.op, &ms, c10::DispatchKey::Meta);
     const at::Tensor& m = ms.at(0).toTensor();
     if (info.list_write_arg >= 0) {
       // As PyTorch's per-tensor loop: the result must fit the tensor written.
