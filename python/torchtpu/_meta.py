@@ -73,25 +73,10 @@ def _probe_addmm_dtype():
 
 KERNELS: dict[str, Callable] = {
     "aten::_scaled_dot_product_fused_attention_overrideable_backward": _attention_backward,
+    "aten::addmm.dtype": _addmm_dtype,
 }
-
-
-# Kernels that replace a shipped Meta kernel when its probe raises.
-REPLACEMENTS: dict[str, tuple[Callable, Callable[[], object]]] = {
-    "aten::addmm.dtype": (_addmm_dtype, _probe_addmm_dtype),
-}
-
-
-def register_missing(lib: torch.library.Library, kernels: dict[str, Callable]) -> list[str]:
-    """Registers each kernel as its op's Meta kernel on `lib` where the op has none;
-    returns the names registered."""
-    done = []
-    for name, fn in kernels.items():
-        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"):
-            continue
-        lib.impl(name.split("::", 1)[1], fn, "Meta")
-        done.append(name)
-    return done
+# Ops whose shipped Meta kernel is replaced where its probe (a call on meta tensors) raises.
+PROBES: dict[str, Callable[[], object]] = {"aten::addmm.dtype": _probe_addmm_dtype}
 
 
 def _raises(probe: Callable[[], object]) -> bool:
@@ -102,14 +87,20 @@ def _raises(probe: Callable[[], object]) -> bool:
     return False
 
 
-def replace_failing(
-    lib: torch.library.Library, kernels: dict[str, tuple[Callable, Callable[[], object]]]
+def register_missing(
+    lib: torch.library.Library,
+    kernels: dict[str, Callable],
+    probes: dict[str, Callable[[], object]] | None = None,
 ) -> list[str]:
-    """Registers each kernel as its op's Meta kernel on `lib` where the op has none or its
-    probe raises with the one it has; returns the names registered."""
+    """Registers each kernel as its op's Meta kernel on `lib` where the op has none, or
+    where the op has a probe and the probe raises with the one it has; returns the names
+    registered."""
     done = []
-    for name, (fn, probe) in kernels.items():
-        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta") and not _raises(probe):
+    for name, fn in kernels.items():
+        probe = (probes or {}).get(name)
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta") and (
+            probe is None or not _raises(probe)
+        ):
             continue
         lib.impl(name.split("::", 1)[1], fn, "Meta", allow_override=True)
         done.append(name)
@@ -121,4 +112,4 @@ def install() -> list[str]:
     if _LIB is not None:
         return []
     _LIB = torch.library.Library("aten", "IMPL")
-    return register_missing(_LIB, KERNELS) + replace_failing(_LIB, REPLACEMENTS)
+    return register_missing(_LIB, KERNELS, PROBES)

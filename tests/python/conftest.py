@@ -45,6 +45,18 @@ PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 F32_TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
+_LIBRARIES: list[torch.library.Library] = []
+
+
+def lasting_library(ns: str, kind: str) -> torch.library.Library:
+    """A torch.library.Library kept for the process: a namespace whose library died
+    breaks torch.export's walk of every namespace, which torch.compile runs, in every
+    later test of the worker."""
+    lib = torch.library.Library(ns, kind)
+    _LIBRARIES.append(lib)
+    return lib
+
+
 def run_py(code: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     """Runs ``code`` in a fresh interpreter with the backend's environment
     variables cleared and then ``env`` applied.  Returns the completed process

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchtpu
-from conftest import assert_tpu_close, check_against_cpu, run_py
+from conftest import assert_tpu_close, check_against_cpu, lasting_library, run_py
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 FUSED = "ScaledDotProductFusedAttentionOverrideableBackward0"
@@ -235,19 +235,13 @@ def test_backward_meta_matches_the_kernel():
                 assert (g.shape, g.stride(), g.dtype) == (m.shape, m.stride(), m.dtype)
 
 
-_KEEP: list[torch.library.Library] = []
-
-
 def test_meta_kernels_fill_only_what_torch_lacks():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torchtpu import _meta
 
     # An op shaped like torch 2.11's overrideable backward: a default kernel that raises
     # and no Meta kernel, so tracing it on fake tensors fails until one is registered.
-    # Libraries stay alive for the process: a namespace whose library died breaks
-    # torch.export's walk of every namespace, which torch.compile runs.
-    lib = torch.library.Library("torchtpu_meta_test", "DEF")
-    _KEEP.append(lib)
+    lib = lasting_library("torchtpu_meta_test", "DEF")
     lib.define("bwd(Tensor x) -> Tensor")
 
     def refuse(x):
@@ -259,8 +253,7 @@ def test_meta_kernels_fill_only_what_torch_lacks():
         x = mode.from_tensor(torch.randn(3, 4).t())
         with pytest.raises(Exception, match="not implemented"):
             op(x)
-    impl = torch.library.Library("torchtpu_meta_test", "IMPL")
-    _KEEP.append(impl)
+    impl = lasting_library("torchtpu_meta_test", "IMPL")
     kernels = {"torchtpu_meta_test::bwd": torch.empty_like, "aten::add.Tensor": torch.add}
     assert _meta.register_missing(impl, kernels) == ["torchtpu_meta_test::bwd"]
     with FakeTensorMode() as mode:

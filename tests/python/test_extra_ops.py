@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_tpu_close, check_against_cpu
+from conftest import assert_tpu_close, check_against_cpu, lasting_library
 
 # torch warns that index_reduce is beta and scatter(reduce=) deprecated.
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -380,16 +380,10 @@ def test_addmm_dtype_meta_matches_torch():
                 kernel(*bad, torch.float32)
 
 
-_KEEP: list[torch.library.Library] = []
-
-
 def test_meta_kernels_replace_only_failing_ones():
     from torchtpu import _meta
 
-    # Libraries stay alive for the process: a namespace whose library died breaks
-    # torch.export's walk of every namespace, which torch.compile runs.
-    lib = torch.library.Library("torchtpu_meta_repl", "DEF")
-    _KEEP.append(lib)
+    lib = lasting_library("torchtpu_meta_repl", "DEF")
     lib.define("broken(Tensor x) -> Tensor")
     lib.define("works(Tensor x) -> Tensor")
 
@@ -402,14 +396,9 @@ def test_meta_kernels_replace_only_failing_ones():
     x = torch.empty(3, 4, device="meta")
     with pytest.raises(TypeError):
         ops.broken(x)
-    kernels = {
-        f"torchtpu_meta_repl::{n}": (
-            lambda t: t.new_empty(t.shape[::-1]),
-            lambda n=n: getattr(ops, n)(x),
-        )
-        for n in ("broken", "works")
-    }
-    impl = torch.library.Library("torchtpu_meta_repl", "IMPL")
-    _KEEP.append(impl)
-    assert _meta.replace_failing(impl, kernels) == ["torchtpu_meta_repl::broken"]
+    names = [f"torchtpu_meta_repl::{n}" for n in ("broken", "works")]
+    kernels = {name: lambda t: t.new_empty(t.shape[::-1]) for name in names}
+    probes = {name: lambda n=n: getattr(ops, n)(x) for name, n in zip(names, ("broken", "works"))}
+    impl = lasting_library("torchtpu_meta_repl", "IMPL")
+    assert _meta.register_missing(impl, kernels, probes) == ["torchtpu_meta_repl::broken"]
     assert ops.broken(x).shape == (4, 3) and ops.works(x).shape == (3, 4)
